@@ -1,0 +1,39 @@
+# Every target is self-contained on a fresh machine: it creates .venv and installs what it needs.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+TORCH   := torch==2.13.0
+EXTRAS  ?= dev,alfworld
+STAMP   := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+comma   := ,
+
+.PHONY: install demo test test-all lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch first, from the pinned CPU build: a plain `torch` requirement would pull GBs of CUDA wheels.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/turnforge envs
+	$(BIN)/turnforge eval --env household --policy expert --split test --tasks 60 --out runs/demo-expert
+	$(BIN)/turnforge eval --env household --policy random --split test --tasks 60 --samples 4 --out runs/demo-random
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m ""
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

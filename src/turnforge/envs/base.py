@@ -1,0 +1,150 @@
+"""The Env contract (design.md §3) and the registry behind `--env NAME`.
+
+An env never sees tokens, only messages, and never crashes on bad input: an unparsable reply
+(a `FormatError`, produced by the env's format) or an invalid action gets the environment's own
+error observation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from turnforge.formats.base import Format, FormatError
+from turnforge.types import Message, Score, StepResult, Task
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One episode at a time: `reset(task)`, then `step(reply)` until `done`, then `score()`."""
+
+    name: str
+    format: Format
+
+    def reset(self, task: Task) -> list[Message]:
+        """Start `task`; return the system and first user message(s)."""
+        ...
+
+    def tools(self) -> list[dict] | None:
+        """JSON schemas of the tools, when the env is tool-based (else None)."""
+        ...
+
+    def step(self, reply: Message | FormatError) -> StepResult:
+        """Apply one parsed assistant reply (or the format's parse error) and return the observation."""
+        ...
+
+    def score(self) -> Score:
+        """The episode's outcome so far: success, reward, progress, details."""
+        ...
+
+
+@runtime_checkable
+class SupportsExpert(Protocol):
+    """Envs whose scripted solver can act from the current state (the `expert` policy)."""
+
+    def expert_reply(self) -> Message: ...
+
+
+@runtime_checkable
+class SupportsAdmissible(Protocol):
+    """Envs that list the valid actions of the current state (the `random` policy uses them)."""
+
+    def admissible_actions(self) -> list[str]: ...
+
+    def action_message(self, action: str) -> Message:
+        """The parsed reply that performs `action` in this env's format (text or tool call)."""
+        ...
+
+
+@dataclass
+class EnvOption:
+    """One `--env-opt KEY=VALUE` an env family accepts."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass
+class EnvSpec:
+    """A registered env family: how to build it, load its tasks, and what it offers."""
+
+    name: str
+    description: str
+    factory: Callable[..., Env]
+    load_tasks: Callable[..., list[Task]]
+    categories: tuple[str, ...]
+    splits: tuple[str, ...]
+    options: list[EnvOption] = field(default_factory=list)
+
+    def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Validate `--env-opt` values (strings from the CLI or typed values from code)."""
+        known = {o.name: o for o in self.options}
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in known:
+                raise ValueError(
+                    f"env {self.name!r} has no option {key!r}; options are: {', '.join(sorted(known)) or 'none'}"
+                )
+            out[key] = _coerce(known[key], value, self.name)
+        return out
+
+
+def _coerce(opt: EnvOption, value: Any, env: str) -> Any:
+    where = f"env {env!r} option {opt.name!r}"
+    if isinstance(value, str) and opt.type is not str:
+        text = value.strip().lower()
+        try:
+            if opt.type is bool:
+                if text not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                    raise ValueError
+                value = text in {"1", "true", "yes", "on"}
+            else:
+                value = opt.type(value)
+        except ValueError:
+            raise ValueError(f"{where}: cannot read {value!r} as {opt.type.__name__}") from None
+    if opt.choices is not None and str(value) not in opt.choices:
+        raise ValueError(f"{where}: {value!r} is not one of {', '.join(opt.choices)}")
+    return value
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register_env(spec: EnvSpec) -> EnvSpec:
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def _load_builtin() -> None:
+    # Importing the packages registers them; kept lazy so `import turnforge` stays light.
+    import turnforge.envs.household  # noqa: F401
+
+
+def get_env_spec(name: str) -> EnvSpec:
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown env {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def list_envs() -> list[EnvSpec]:
+    _load_builtin()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def make_env(name: str, **options: Any) -> Env:
+    """Build env `name` with validated options (e.g. `make_env("household", grammar="0.4", hints=True)`)."""
+    spec = get_env_spec(name)
+    return spec.factory(**spec.coerce_options(options))
+
+
+def load_tasks(name: str, split: str, **options: Any) -> list[Task]:
+    """Tasks of env `name`'s `split`, in a stable order."""
+    spec = get_env_spec(name)
+    if spec.splits and split not in spec.splits:
+        raise ValueError(f"env {name!r} has no split {split!r}; splits are: {', '.join(spec.splits)}")
+    return spec.load_tasks(split, **spec.coerce_options(options))

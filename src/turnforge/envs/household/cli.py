@@ -1,0 +1,29 @@
+"""`turnforge household ...`: commands specific to the household environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+household_app = typer.Typer(help="Household environment tools (ALFWorld export).", no_args_is_help=True)
+
+
+@household_app.command("export")
+def export(
+    split: str = typer.Option("test", help="split to export: train, valid_seen, test"),
+    n: int = typer.Option(20, help="the first N tasks of the split (the same as `eval --tasks N`)"),
+    out: Path = typer.Option(..., help="output folder: OUT/<task_id>/{game.tw-pddl,traj_data.json}"),
+    seed: int = typer.Option(0, help="generator seed (env option seed)"),
+) -> None:
+    """Write household tasks as ALFWorld game files that alfworld's AlfredTWEnv loads."""
+    from turnforge.envs.base import load_tasks
+    from turnforge.envs.household.export import export_games
+
+    try:
+        tasks = load_tasks("household", split, seed=seed)[:n]
+        paths = export_games(tasks, out)
+    except (ValueError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {len(paths)} ALFWorld games to {out}")

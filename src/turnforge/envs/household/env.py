@@ -1,0 +1,207 @@
+"""HouseholdEnv: the Env protocol over the native ALFWorld-compatible engine.
+
+Observations are ALFWorld's strings (the intro without TextWorld's welcome banner, as ReAct and
+AgentBench show it). Options: `grammar` (0.3: "put X in/on Y", "You arrive at loc N."; 0.4: "move X
+to Y", "You arrive at {recep}."), `hints` (replace "Nothing happens." by an actionable correction),
+`admissible` (append the admissible commands to each observation), `format`, `max_steps` (50, as
+ALFWorld evaluations use).
+"""
+
+from __future__ import annotations
+
+from turnforge.envs.household.catalog import TASK_TYPES, TRANSFORM_STATE
+from turnforge.envs.household.engine import NOTHING, World
+from turnforge.envs.household.expert import expert_plan
+from turnforge.formats import get_format
+from turnforge.formats.base import FormatError
+from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
+
+# The household action as a tool, for the tool_call format.
+ACTION_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "act",
+        "description": "Perform one household command, e.g. 'go to fridge 1' or 'take apple 1 from countertop 2'.",
+        "parameters": {
+            "type": "object",
+            "properties": {"action": {"type": "string", "description": "the command to perform"}},
+            "required": ["action"],
+        },
+    },
+}
+
+_INSTRUCTIONS = {
+    "0.3": "put {obj} in/on {recep}",
+    "0.4": "move {obj} to {recep}",
+}
+
+
+def system_text(grammar: str) -> str:
+    return (
+        "You are an agent in a household. You receive the task and what you observe, and you act one "
+        "command per turn to complete the task.\n"
+        "Commands: go to {recep}; open {recep}; close {recep}; take {obj} from {recep}; "
+        f"{_INSTRUCTIONS[grammar]}; heat {{obj}} with {{recep}}; cool {{obj}} with {{recep}}; "
+        "clean {obj} with {recep}; use {obj}; examine {obj or recep}; inventory; look.\n"
+        "Write objects and receptacles exactly as observed, with their numbers (e.g. apple 1). "
+        'A command that cannot be done answers "Nothing happens."'
+    )
+
+
+class HouseholdEnv:
+    """One household episode at a time. `make_env("household", grammar="0.4", hints=True)`."""
+
+    name = "household"
+
+    def __init__(
+        self,
+        grammar: str = "0.3",
+        hints: bool = False,
+        admissible: bool = False,
+        format: str = "act_line",
+        max_steps: int = 50,
+        **_generation_options,
+    ):
+        self.grammar = grammar
+        self.hints = hints
+        self.show_admissible = admissible
+        self.format = get_format(format)
+        self.max_steps = max_steps
+        self.world: World | None = None
+        self._plan: list[str] = []
+
+    # ---- Env protocol --------------------------------------------------------------------------------
+
+    def reset(self, task: Task) -> list[Message]:
+        self.task = task
+        self.world = World(task.data, self.grammar)
+        self.steps = 0
+        self.invalid = 0
+        self.format_errors = 0
+        self.subgoals: set[str] = set()
+        self._plan = []
+        self._note_progress()
+        system = system_text(self.grammar) + "\n\n" + self.format.system_prompt(self.tools())
+        return [Message("system", system), Message("user", self._with_admissible(self.world.intro()))]
+
+    def tools(self) -> list[dict] | None:
+        return [ACTION_TOOL] if self.format.name == "tool_call" else None
+
+    def step(self, reply: Message | FormatError) -> StepResult:
+        assert self.world is not None, "call reset(task) first"
+        self.steps += 1
+        hint = None
+        if isinstance(reply, FormatError):
+            self.format_errors += 1
+            hint = self.format.error_observation(reply)
+            text, call_id = (hint if self.hints else NOTHING), None
+        else:
+            action, call_id = self._action_of(reply)
+            text, chk = self.world.step(action)
+            self._advance_plan(action, chk.ok)
+            if not chk.ok:
+                self.invalid += 1
+                hint = chk.reason
+                if self.hints:
+                    text = chk.reason
+        self._note_progress()
+        won = self.world.goal_reached()
+        done = won or self.steps >= self.max_steps
+        stop = StopReason.success if won else (StopReason.max_turns if done else None)
+        info = {"progress": self.progress, "won": won}
+        if hint:
+            info["hint"] = hint
+        return StepResult([self._observation(text, call_id)], float(won), done, stop, info)
+
+    def score(self) -> Score:
+        won = self.world is not None and self.world.goal_reached()
+        return Score(
+            success=won,
+            reward=float(won),
+            progress=self.progress,
+            details={
+                "steps": self.steps,
+                "invalid_actions": self.invalid,
+                "format_errors": self.format_errors,
+                "subgoals": sorted(self.subgoals),
+            },
+        )
+
+    # ---- scripted-policy support ---------------------------------------------------------------------
+
+    def admissible_actions(self) -> list[str]:
+        return self.world.admissible()
+
+    def action_message(self, action: str) -> Message:
+        if self.format.name == "tool_call":
+            return Message("assistant", "", tool_calls=[ToolCall("act", {"action": action})])
+        return Message("assistant", action)
+
+    def expert_reply(self) -> Message:
+        if not self._plan:
+            self._plan = expert_plan(self.world)
+        return self.action_message(self._plan[0] if self._plan else "look")
+
+    # ---- internals -----------------------------------------------------------------------------------
+
+    def _action_of(self, reply: Message) -> tuple[str, str | None]:
+        if reply.tool_calls:
+            call = reply.tool_calls[0]
+            return str(call.arguments.get("action", "")), call.id
+        return reply.content, None
+
+    def _advance_plan(self, action: str, ok: bool) -> None:
+        # The cached expert plan stays valid only while the episode follows it.
+        if self._plan and ok and action.strip() == self._plan[0]:
+            self._plan.pop(0)
+        elif ok or (self._plan and action.strip() == self._plan[0]):
+            self._plan = []
+
+    def _observation(self, text: str, call_id: str | None) -> Message:
+        text = self._with_admissible(text)
+        if self.format.name == "tool_call":
+            return Message("tool", text, tool_call_id=call_id, name="act")
+        return Message("user", text)
+
+    def _with_admissible(self, text: str) -> str:
+        if not self.show_admissible:
+            return text
+        return f"{text}\nAVAILABLE ACTIONS: {', '.join(self.world.admissible())}"
+
+    def _note_progress(self) -> None:
+        """Record subgoals reached (monotone): found, taken, transformed / lamp found, placed."""
+        w, g = self.world, self.world.goal
+        here = w.receptacles.get(w.at) if w.at else None
+        visible = here.contents if here and (not here.openable or here.opened) else []
+        if any(w.objects[n].type == g["object"] for n in visible) or (w.held and w.objects[w.held].type == g["object"]):
+            self.subgoals.add("found")
+        if w.held and w.objects[w.held].type == g["object"]:
+            self.subgoals.add("taken")
+        if g["transform"] and any(o.type == g["object"] and getattr(o, TRANSFORM_STATE[g["transform"]]) for o in w.objects.values()):
+            self.subgoals.add("transformed")
+        if g["toggle"] and here and any(w.objects[n].type == g["toggle"] for n in here.contents):
+            self.subgoals.add("lamp_found")
+        if not g["toggle"] and g["count"] == 2 and w.goal_objects_placed() >= 1:
+            self.subgoals.add("placed_one")
+        if w.goal_reached():
+            self.subgoals.add("done")
+
+    @property
+    def subgoal_names(self) -> list[str]:
+        g = self.world.goal
+        names = ["found", "taken"]
+        if g["transform"]:
+            names.append("transformed")
+        if g["toggle"]:
+            names.append("lamp_found")
+        if g["count"] == 2:
+            names.append("placed_one")
+        return names + ["done"]
+
+    @property
+    def progress(self) -> float:
+        names = self.subgoal_names
+        return round(sum(n in self.subgoals for n in names) / len(names), 6)
+
+
+TASK_TYPE_NAMES = TASK_TYPES

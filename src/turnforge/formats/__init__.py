@@ -1,0 +1,50 @@
+"""Formats: how an agent writes its actions as text, and how that text becomes a Message.
+
+Registered formats (`list_formats()`), each described in its own module:
+
+    get_format("act_line")   ALFWorld `ACTION: <command>` lines (seed DPO adapter)
+    get_format("react")      AgentBench ReAct: Thought / Action / Final Answer
+    get_format("react_sql")  the same, actions as DBBench's `Action: Operation` + ```sql block
+    get_format("tool_call")  Qwen3 / Hermes `<tool_call>` JSON blocks
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from turnforge.formats.act_line import ActLineFormat
+from turnforge.formats.base import Format, FormatError
+from turnforge.formats.react import ReactFormat
+from turnforge.formats.tool_call import ToolCallFormat
+
+_FORMATS: dict[str, Callable[[], Format]] = {
+    "act_line": ActLineFormat,
+    "react": ReactFormat,
+    "react_sql": lambda: ReactFormat(code_language="sql", name="react_sql"),
+    "tool_call": ToolCallFormat,
+}
+
+
+def list_formats() -> list[str]:
+    """Names accepted by `get_format` (and by recipes' `format = ...`)."""
+    return sorted(_FORMATS)
+
+
+def get_format(name: str) -> Format:
+    """A fresh instance of the named format; formats hold no state, so sharing one is also fine."""
+    try:
+        factory = _FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown format {name!r}; choose one of: {', '.join(list_formats())}") from None
+    return factory()
+
+
+__all__ = [
+    "ActLineFormat",
+    "Format",
+    "FormatError",
+    "ReactFormat",
+    "ToolCallFormat",
+    "get_format",
+    "list_formats",
+]

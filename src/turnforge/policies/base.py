@@ -1,0 +1,59 @@
+"""The Policy contract: one `generate` call answers a whole batch of open episodes.
+
+Model backends (hf, vllm, openai — later issues) read `Prompt.ids` (token-exact prompt) or
+`Prompt.messages`; scripted policies (expert, random, replay) read `Prompt.env` and `Prompt.task`
+and write their reply through the env's format, so a scripted episode is indistinguishable in shape
+from a model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from turnforge.types import Message, Task
+
+if TYPE_CHECKING:
+    from turnforge.envs.base import Env
+
+
+@dataclass
+class SamplingParams:
+    """Generation settings shared by every backend (scripted policies ignore most of them)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int = 0
+
+
+@dataclass
+class Prompt:
+    """One open episode, as a policy sees it at its next turn."""
+
+    messages: list[Message]
+    task: Task
+    sample: int
+    turn: int
+    ids: list[int] | None = None
+    tools: list[dict] | None = None
+    env: Env | None = None
+
+
+@dataclass
+class Generation:
+    """One reply. `finish_reason`: "stop", "length" (hit max_new_tokens) or "exhausted" (nothing left to say)."""
+
+    text: str
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]: ...

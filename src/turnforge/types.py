@@ -1,0 +1,189 @@
+"""Core types shared by every part of turnforge: messages, tasks, steps, trajectories, scores.
+
+Plain dataclasses with an exact JSON round trip (`Trajectory.from_json(t.to_json()) == t`).
+`Message.to_dict()` gives the OpenAI / Hugging Face chat shape, so
+`tokenizer.apply_chat_template([m.to_dict() for m in messages], tools=...)` accepts it unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class ToolCall:
+    """One function call written by the assistant (`arguments` already decoded from JSON)."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        # HF chat templates (Qwen3 included) read `function.name` / `function.arguments`.
+        out: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolCall:
+        fn = d.get("function", d)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args) if args.strip() else {}
+        return cls(name=fn["name"], arguments=args, id=d.get("id"))
+
+
+@dataclass
+class Message:
+    """A chat message: role is one of system, user, assistant, tool."""
+
+    role: str
+    content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls is not None:
+            out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        calls = d.get("tool_calls")
+        return cls(
+            role=d["role"],
+            content=d.get("content") or "",
+            tool_calls=[ToolCall.from_dict(c) for c in calls] if calls is not None else None,
+            tool_call_id=d.get("tool_call_id"),
+            name=d.get("name"),
+        )
+
+
+@dataclass
+class Task:
+    """One problem instance. `data` is the environment's own payload (JSON-serialisable)."""
+
+    id: str
+    env: str
+    split: str
+    category: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class StopReason(str, enum.Enum):
+    """Why an episode ended. Every finished episode has exactly one."""
+
+    success = "success"
+    failure = "failure"
+    gave_up = "gave_up"
+    max_turns = "max_turns"
+    max_tokens = "max_tokens"
+    format_error_limit = "format_error_limit"
+    env_error = "env_error"
+    user_stop = "user_stop"
+    timeout = "timeout"
+
+
+@dataclass
+class StepResult:
+    """What an env returns for one assistant reply: new observation messages and the outcome so far."""
+
+    messages: list[Message]
+    reward: float = 0.0
+    done: bool = False
+    stop: StopReason | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Score:
+    """The final judgement of an episode."""
+
+    success: bool
+    reward: float
+    progress: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """One assistant turn and the environment's answer to it.
+
+    `generated_ids`/`logprobs` are the exact tokens the policy sampled (empty for scripted policies);
+    `observation_ids` are the chat-template tokens appended after it (observation + next prompt header).
+    """
+
+    text: str
+    generated_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    observation_ids: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    progress: float = 0.0
+    parse_ok: bool = True
+    parse_error: str | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class Trajectory:
+    """One episode, serialised as one JSON line."""
+
+    task_id: str
+    env: str
+    category: str
+    messages: list[Message]
+    turns: list[Turn]
+    score: Score
+    stop_reason: StopReason
+    split: str = ""
+    sample: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    tokens_generated: int = 0
+    env_steps: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    seed: int | None = None
+    model: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(task_id, sample): identifies an episode within a run (used to resume)."""
+        return (self.task_id, self.sample)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["messages"] = [m.to_dict() for m in self.messages]
+        out["turns"] = [asdict(t) for t in self.turns]
+        out["score"] = asdict(self.score)
+        out["stop_reason"] = self.stop_reason.value
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown trajectory keys {sorted(unknown)}")
+        kw = dict(d)
+        kw["messages"] = [Message.from_dict(m) for m in d["messages"]]
+        kw["turns"] = [Turn(**t) for t in d.get("turns", [])]
+        kw["score"] = Score(**d["score"])
+        kw["stop_reason"] = StopReason(d["stop_reason"])
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        return cls.from_dict(json.loads(line))
