@@ -142,9 +142,11 @@ def make_env(name: str, **options: Any) -> Env:
     return spec.factory(**spec.coerce_options(options))
 
 
-def load_tasks(name: str, split: str, **options: Any) -> list[Task]:
-    """Tasks of env `name`'s `split`, in a stable order."""
+def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) -> list[Task]:
+    """The first `limit` tasks (all when None) of env `name`'s `split`, in a stable order."""
     spec = get_env_spec(name)
     if spec.splits and split not in spec.splits:
         raise ValueError(f"env {name!r} has no split {split!r}; splits are: {', '.join(spec.splits)}")
-    return spec.load_tasks(split, **spec.coerce_options(options))
+    if limit is not None and limit < 1:
+        raise ValueError(f"the number of tasks must be at least 1, got {limit}")
+    return spec.load_tasks(split, limit=limit, **spec.coerce_options(options))[:limit]

@@ -14,7 +14,7 @@ __all__ = ["HouseholdEnv", "load_tasks", "is_plausible", "TASK_TYPES"]
 
 def load_tasks(
     split: str,
-    n: int | None = None,
+    limit: int | None = None,
     seed: int = 0,
     receptacles: float = 1.0,
     distractors: int = 8,
@@ -25,7 +25,7 @@ def load_tasks(
     knobs = Knobs(receptacles=receptacles, distractors=distractors, closed=closed)
     return [
         Task(id=f"{split}-{i:05d}", env="household", split=split, category=d["task_type"], data=d)
-        for i, d in enumerate(generate_split(split, n, seed, knobs))
+        for i, d in enumerate(generate_split(split, limit, seed, knobs))
     ]
 
 
@@ -80,6 +80,7 @@ ALFWORLD_SPEC = register_env(
             EnvOption("data_dir", str, "", "folder of ALFWorld games (json_2.1.1/<split>/...) or an export"),
             EnvOption("format", str, "act_line", "how the agent writes actions", tuple(list_formats())),
             EnvOption("max_steps", int, 50, "steps before the episode ends (max_turns)"),
+            EnvOption("planner", bool, True, "run ALFWorld's PDDL planner each step (needed by --policy expert)"),
         ],
     )
 )

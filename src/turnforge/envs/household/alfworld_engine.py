@@ -38,7 +38,7 @@ def _split_dir(data_dir: Path, split: str) -> Path:
     return data_dir  # a flat folder of games, e.g. from `turnforge household export`
 
 
-def load_tasks(split: str, data_dir: str = "", **_options) -> list[Task]:
+def load_tasks(split: str, data_dir: str = "", limit: int | None = None, **_options) -> list[Task]:
     """Games under `data_dir` (ALFWorld layout or a flat export), sorted by folder path."""
     if not data_dir:
         raise ValueError("env 'alfworld' needs --env-opt data_dir=PATH (ALFWorld games or a household export)")
@@ -54,6 +54,7 @@ def load_tasks(split: str, data_dir: str = "", **_options) -> list[Task]:
         rel = traj_path.parent.relative_to(root)
         tasks.append(Task(id=str(rel), env="alfworld", split=split, category=traj["task_type"],
                           data={"gamefile": str(game)}))
+    tasks = tasks[:limit]
     if not tasks:
         raise ValueError(f"no ALFWorld games (traj_data.json + game.tw-pddl) under {root}")
     return tasks
@@ -64,7 +65,8 @@ class AlfWorldEnv:
 
     name = "alfworld"
 
-    def __init__(self, format: str = "act_line", max_steps: int = 50, hints: bool = False, **_options):
+    def __init__(self, format: str = "act_line", max_steps: int = 50, hints: bool = False, planner: bool = True,
+                 **_options):
         try:
             import textworld  # noqa: F401
             from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # noqa: F401
@@ -74,13 +76,15 @@ class AlfWorldEnv:
             raise ValueError("env 'alfworld' has no hints; use env 'household' with hints=true")
         self.format = get_format(format)
         self.max_steps = max_steps
+        self.planner = planner  # the PDDL planner replans every step: slow, only needed by the expert
         self._env = None
 
     def _start(self, gamefile: str):
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
-        infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=True, extras=["gamefile"])
+        infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=self.planner,
+                                    extras=["gamefile"])
         env = textworld.start(gamefile, request_infos=infos, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
         return env
 
@@ -131,6 +135,8 @@ class AlfWorldEnv:
         return Message("assistant", action)
 
     def expert_reply(self) -> Message:
+        if not self.planner:
+            raise ValueError("env 'alfworld' was built with planner=false; the expert needs planner=true")
         plan = self.state["policy_commands"] or ["look"]
         return self.action_message(plan[0])
 

@@ -21,7 +21,7 @@ def export(
     from turnforge.envs.household.export import export_games
 
     try:
-        tasks = load_tasks("household", split, seed=seed)[:n]
+        tasks = load_tasks("household", split, limit=n, seed=seed)
         paths = export_games(tasks, out)
     except (ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -141,7 +141,7 @@ class World:
         for verb, pattern in _PATTERNS:
             m = pattern.fullmatch(cmd)
             if m:
-                if (verb == "put") != (self.grammar == "0.3"):
+                if verb in ("put", "move") and (verb == "put") != (self.grammar == "0.3"):
                     form = "move X to Y" if self.grammar == "0.4" else "put X in/on Y"
                     return Check(False, reason=f'To place an object, say "{form}".')
                 return getattr(self, f"_check_{verb}")(*m.groups())

@@ -1,0 +1,232 @@
+"""The native household: ALFWorld strings and rules, grammars, hints, progress, splits, the expert."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from turnforge.envs.base import get_env_spec, load_tasks, make_env
+from turnforge.envs.household.catalog import CAN_CONTAIN, TASK_TYPES, is_plausible
+from turnforge.envs.household.engine import World
+from turnforge.envs.household.expert import expert_plan
+from turnforge.envs.household.scene import display_names, generate_task, is_held_out, pddl_id
+from turnforge.formats.base import FormatError
+from turnforge.types import Message, StopReason, Task
+
+
+def _scene(task_type="pick_heat_then_place_in_recep", transform="heat", count=1, toggle=None, receptacle="CounterTop"):
+    """The hand-made game of benchmarks.md §2 (a hot apple to a countertop), as a task dict."""
+    recs = [("CounterTop", 1, 12, False), ("CounterTop", 2, 11, False), ("Fridge", 1, 13, True),
+            ("Microwave", 1, 14, True), ("Cabinet", 1, 15, True), ("SinkBasin", 1, 16, False)]
+    return {
+        "scene": "kitchen", "task_type": task_type,
+        "goal": {"object": "Apple", "receptacle": receptacle, "toggle": toggle, "transform": transform, "count": count},
+        "goal_text": "put a hot apple in countertop",
+        "receptacles": [{"id": pddl_id(t, k), "type": t, "loc": loc, "openable": o, "opened": False}
+                        for t, k, loc, o in recs],
+        "objects": [{"id": pddl_id("Apple", 1), "type": "Apple", "in": pddl_id("Fridge", 1)},
+                    {"id": pddl_id("Mug", 1), "type": "Mug", "in": pddl_id("CounterTop", 2)}],
+    }
+
+
+def _task(data, split="test"):
+    return Task(id="hand-0", env="household", split=split, category=data["task_type"], data=data)
+
+
+def test_display_names_follow_alfworld_demangler():
+    ids = [pddl_id("CounterTop", 1), pddl_id("CounterTop", 2), pddl_id("Cabinet", 1), pddl_id("SinkBasin", 1)]
+    names = display_names(ids)
+    # Numbers are handed out from the highest down in (lower-cased) id order.
+    assert [names[i] for i in ids] == ["countertop 2", "countertop 1", "cabinet 1", "sinkbasin 1"]
+
+
+def test_transcript_matches_alfworld_reference_game():
+    """The transcript of benchmarks.md §2 (recorded from the real engine, grammar 0.4.x)."""
+    w = World(_scene(), grammar="0.4")
+    assert w.intro() == (
+        "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 2, "
+        "a countertop 1, a fridge 1, a microwave 1, and a sinkbasin 1.\n\nYour task is to: put a hot apple in countertop."
+    )
+    expected = [
+        ("go to fridge 1", "You arrive at fridge 1. The fridge 1 is closed."),
+        ("open fridge 1", "You open the fridge 1. The fridge 1 is open. In it, you see a apple 1."),
+        ("take apple 1 from fridge 1", "You pick up the apple 1 from the fridge 1."),
+        ("fly to the moon", "Nothing happens."),
+        ("go to microwave 1", "You arrive at microwave 1. The microwave 1 is closed."),
+        ("heat apple 1 with microwave 1", "You heat the apple 1 using the microwave 1."),
+        ("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a mug 1."),
+        ("examine apple 1", "This is a hot apple 1."),
+        ("inventory", "You are carrying: a apple 1."),
+        ("look", "You are facing the countertop 1. Next to it, you see nothing."),
+        ("go to countertop 1", "Nothing happens."),
+        ("Go to fridge 1", "Nothing happens."),
+    ]
+    for command, feedback in expected:
+        assert w.step(command)[0] == feedback, command
+    assert not w.goal_reached()
+    assert w.step("move apple 1 to countertop 1")[0] == "You move the apple 1 to the countertop 1."
+    assert w.goal_reached()
+
+
+def test_grammar_03_uses_loc_numbers_and_put_in_on():
+    w = World(_scene(), grammar="0.3")
+    assert w.step("go to countertop 1")[0] == "You arrive at loc 11. On the countertop 1, you see a mug 1."
+    w.step("take mug 1 from countertop 1")
+    assert w.step("move mug 1 to countertop 1")[0] == "Nothing happens."
+    assert w.step("help")[0] == "Nothing happens."
+    assert w.step("put mug 1 in/on countertop 1")[0] == "You put the mug 1 in/on the countertop 1."
+    assert "put mug 1 in/on countertop 1" not in w.admissible()
+
+
+def test_admissible_is_sorted_and_exactly_the_valid_commands():
+    w = World(_scene(), grammar="0.4")
+    w.step("go to countertop 1")
+    assert w.admissible() == [
+        "examine countertop 1", "go to cabinet 1", "go to countertop 2", "go to fridge 1", "go to microwave 1",
+        "go to sinkbasin 1", "help", "inventory", "look", "take mug 1 from countertop 1",
+    ]
+    for command in w.admissible():
+        assert World(_scene(), grammar="0.4").check(command) is not None
+
+
+def test_examine_receptacle_object_and_cold_rules():
+    w = World(_scene(), grammar="0.4")
+    w.step("go to countertop 1")
+    w.step("take mug 1 from countertop 1")
+    assert w.step("examine mug 1")[0] == "This is a normal mug 1. In it, you see nothing."
+    w.step("move mug 1 to countertop 1")
+    w.step("go to fridge 1")
+    w.step("open fridge 1")
+    w.step("take apple 1 from fridge 1")
+    w.step("cool apple 1 with fridge 1")
+    assert w.step("examine apple 1")[0] == "This is a cold apple 1."
+
+
+@pytest.mark.parametrize(
+    ("commands", "hint"),
+    [
+        (["go to fridge 1", "take apple 1 from fridge 1"], "The fridge 1 is closed; open it first."),
+        (["heat apple 1 with microwave 1"], "You are not holding the apple 1. You are not carrying anything."),
+        (["go to fridge 1", "open fridge 1", "take apple 1 from fridge 1", "heat apple 1 with microwave 1"],
+         "You are not at the microwave 1. Go to it first."),
+        (["go to fridge 1", "open fridge 1", "take apple 1 from fridge 1", "heat apple 1 with fridge 1"],
+         "You can only heat things with a microwave."),
+        (["go to fridge 1", "go to fridge 1"], "You are already at the fridge 1."),
+    ],
+)
+def test_hints_replace_nothing_happens(commands, hint):
+    env = make_env("household", grammar="0.4", hints=True)
+    env.reset(_task(_scene()))
+    for command in commands:
+        result = env.step(Message("assistant", command))
+    assert result.messages[0].content == hint
+    assert result.info["hint"] == hint
+    plain = make_env("household", grammar="0.4")
+    plain.reset(_task(_scene()))
+    for command in commands:
+        result = plain.step(Message("assistant", command))
+    assert result.messages[0].content == "Nothing happens." and result.info["hint"] == hint
+
+
+def test_progress_counts_subgoals_monotonically():
+    env = make_env("household", grammar="0.4")
+    env.reset(_task(_scene()))
+    seen = []
+    for command in ["go to fridge 1", "open fridge 1", "take apple 1 from fridge 1", "go to microwave 1",
+                    "heat apple 1 with microwave 1", "go to countertop 1", "move apple 1 to countertop 1"]:
+        seen.append(env.step(Message("assistant", command)).info["progress"])
+    # subgoals: found, taken, transformed, done
+    assert seen == [0.0, 0.25, 0.5, 0.5, 0.75, 0.75, 1.0]
+    assert env.score().success and env.score().progress == 1.0
+
+
+def test_format_errors_and_max_steps():
+    env = make_env("household", max_steps=3)
+    env.reset(_task(_scene()))
+    r = env.step(FormatError("no ACTION: line", "hello"))
+    assert r.messages[0].content == "Nothing happens." and not r.done
+    env.step(Message("assistant", "look"))
+    r = env.step(Message("assistant", "look"))
+    assert r.done and r.stop is StopReason.max_turns
+    assert env.score().details["format_errors"] == 1 and not env.score().success
+
+
+def test_tool_call_format_uses_the_act_tool():
+    env = make_env("household", format="tool_call", grammar="0.4")
+    env.reset(_task(_scene()))
+    assert env.tools()[0]["function"]["name"] == "act"
+    reply = env.action_message("go to fridge 1")
+    r = env.step(reply)
+    assert r.messages[0].role == "tool" and r.messages[0].content.startswith("You arrive at fridge 1.")
+
+
+def test_splits_are_reproducible_and_test_combinations_are_unseen_in_train():
+    train = load_tasks("household", "train", limit=1200)
+    test = load_tasks("household", "test", limit=600)
+    assert load_tasks("household", "test", limit=5)[4].data == test[4].data
+    assert load_tasks("household", "test", limit=5, seed=1)[4].data != test[4].data
+
+    def combo(t):
+        g = t.data["goal"]
+        return (t.category, g["object"], g["receptacle"] or g["toggle"])
+
+    assert not {combo(t) for t in train} & {combo(t) for t in test}
+    assert all(is_held_out(*combo(t)) for t in test)
+    assert Counter(t.category for t in test[:12]) == Counter({k: 2 for k in TASK_TYPES})
+    valid = load_tasks("household", "valid_seen", limit=60)
+    assert {combo(t) for t in valid} <= {combo(t) for t in train} | {combo(t) for t in valid}
+    assert not any(is_held_out(*combo(t)) for t in valid)
+
+
+def test_generated_objects_sit_only_in_plausible_receptacles():
+    assert is_plausible("knife", "drawer") and is_plausible("Knife", "CounterTop")
+    assert not is_plausible("knife", "toilet")
+    for split in ("train", "test"):
+        for i in range(300):
+            d = generate_task(split, i)
+            rtype = {r["id"]: r["type"] for r in d["receptacles"]}
+            for o in d["objects"]:
+                assert o["type"] in CAN_CONTAIN[rtype[o["in"]]], (split, i, o)
+
+
+def test_knobs_change_the_scene():
+    small = load_tasks("household", "train", limit=30, receptacles=0.3, distractors=0)
+    big = load_tasks("household", "train", limit=30, receptacles=1.0, distractors=16)
+    assert sum(len(t.data["receptacles"]) for t in small) < sum(len(t.data["receptacles"]) for t in big)
+    assert sum(len(t.data["objects"]) for t in small) < sum(len(t.data["objects"]) for t in big)
+    opened = load_tasks("household", "train", limit=30, closed=0.0)
+    assert all(r["opened"] for t in opened for r in t.data["receptacles"] if r["openable"])
+
+
+def test_expert_solves_500_test_tasks_of_every_type():
+    env = make_env("household")
+    solved, lengths = Counter(), Counter()
+    for task in load_tasks("household", "test", limit=3000):
+        env.reset(task)
+        result = None
+        while result is None or not result.done:
+            result = env.step(env.expert_reply())
+        solved[task.category] += result.stop is StopReason.success
+        lengths[task.category] += env.steps
+    assert solved == Counter({k: 500 for k in TASK_TYPES})
+
+
+def test_expert_replans_after_detours():
+    w = World(_scene(), grammar="0.4")
+    for command in ["go to countertop 1", "take mug 1 from countertop 1", "go to cabinet 1"]:
+        w.step(command)
+    plan = expert_plan(w)
+    assert plan[0].startswith("open cabinet 1") or plan[0].startswith("move mug 1")
+    for command in plan:
+        assert w.step(command)[1].ok, command
+    assert w.goal_reached()
+
+
+def test_registry_lists_options():
+    spec = get_env_spec("household")
+    assert {o.name for o in spec.options} >= {"grammar", "hints", "format", "max_steps"}
+    with pytest.raises(ValueError, match="no option 'colour'"):
+        make_env("household", colour="red")
+    with pytest.raises(ValueError, match="grammar"):
+        make_env("household", grammar="0.5")
