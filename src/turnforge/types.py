@@ -80,7 +80,7 @@ class Task:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-class StopReason(str, enum.Enum):
+class StopReason(enum.StrEnum):
     """Why an episode ended. Every finished episode has exactly one."""
 
     success = "success"

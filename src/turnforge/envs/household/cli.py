@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -11,10 +12,10 @@ household_app = typer.Typer(help="Household environment tools (ALFWorld export).
 
 @household_app.command("export")
 def export(
-    split: str = typer.Option("test", help="split to export: train, valid_seen, test"),
-    n: int = typer.Option(20, help="the first N tasks of the split (the same as `eval --tasks N`)"),
-    out: Path = typer.Option(..., help="output folder: OUT/<task_id>/{game.tw-pddl,traj_data.json}"),
-    seed: int = typer.Option(0, help="generator seed (env option seed)"),
+    out: Annotated[Path, typer.Option(help="output folder: OUT/<task_id>/{game.tw-pddl,traj_data.json}")],
+    split: Annotated[str, typer.Option(help="split to export: train, valid_seen, test")] = "test",
+    n: Annotated[int, typer.Option(help="the first N tasks of the split (the same as `eval --tasks N`)")] = 20,
+    seed: Annotated[int, typer.Option(help="generator seed (env option seed)")] = 0,
 ) -> None:
     """Write household tasks as ALFWorld game files that alfworld's AlfredTWEnv loads."""
     from turnforge.envs.base import load_tasks

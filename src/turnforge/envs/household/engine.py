@@ -15,7 +15,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from turnforge.envs.household.catalog import CAN_CONTAIN, OBJECTS, TRANSFORM_APPLIANCE, TRANSFORM_STATE, ObjectKind
+from turnforge.envs.household.catalog import (
+    CAN_CONTAIN,
+    OBJECTS,
+    TRANSFORM_APPLIANCE,
+    TRANSFORM_STATE,
+    ObjectKind,
+)
 from turnforge.envs.household.scene import display_names
 
 NOTHING = "Nothing happens."
