@@ -1,0 +1,187 @@
+"""Resumable evaluation: run a policy on the first N tasks of a split, K samples each, and summarise.
+
+An out dir holds `run.json` (the run's identity), `episodes.jsonl` (one Trajectory per line, appended
+and fsynced as each episode finishes) and `summary.json`. Re-running the same command resumes: finished
+(task_id, sample) episodes are skipped, a line cut short by a kill is dropped with a warning, and the
+summary covers every episode of the selected tasks. A different run is refused, never mixed in.
+
+    turnforge eval --env household --policy expert --split test --tasks 200 --out runs/expert
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from turnforge.envs.base import get_env_spec, load_tasks, make_env
+from turnforge.eval.metrics import summarize
+from turnforge.policies import make_policy
+from turnforge.policies.base import Policy, SamplingParams
+from turnforge.policies.scripted import ReplayPolicy
+from turnforge.rollout import RolloutLimits, run_episodes
+from turnforge.types import Task, Trajectory
+
+RUN_FILE = "run.json"
+EPISODES_FILE = "episodes.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def run_eval(
+    env: str,
+    env_options: dict[str, Any],
+    policy_spec: str,
+    split: str,
+    n_tasks: int | None,
+    samples: int,
+    seed: int,
+    out_dir: str | Path,
+    model: str | None = None,
+    limits: RolloutLimits | None = None,
+) -> dict:
+    """Evaluate `policy_spec` on env `env`; writes run.json, episodes.jsonl, summary.json; returns the summary.
+
+    `n_tasks=None` takes the whole split (for a replay: the tasks its file holds). Raises ValueError
+    (bad input, or an out dir holding another run) before any episode runs.
+    """
+    if samples < 1 or (n_tasks is not None and n_tasks < 1):
+        raise ValueError(f"--samples and --tasks must be at least 1 (got samples={samples}, tasks={n_tasks})")
+    limits = limits or RolloutLimits()
+    options = get_env_spec(env).coerce_options(env_options)
+    policy = make_policy(policy_spec, model=model, seed=seed)
+    identity = {
+        "env": env,
+        "env_options": options,
+        "split": split,
+        "policy": policy_spec,
+        "model": model,
+        "samples": samples,
+        "seed": seed,
+        "n_tasks": n_tasks,
+        # Only the limits that change results; batch size and env workers do not.
+        "limits": {k: getattr(limits, k) for k in ("max_turns", "max_format_errors", "max_total_tokens")},
+    }
+    out = Path(out_dir)
+    check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
+    tasks = _select_tasks(env, split, options, n_tasks, policy)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+    episodes_path = out / EPISODES_FILE
+    previous = read_episodes(episodes_path)
+
+    started = time.perf_counter()
+    with episodes_path.open("a", encoding="utf-8") as sink:
+        new = run_episodes(
+            policy,
+            functools.partial(make_env, env, **options),
+            tasks,
+            samples,
+            limits,
+            params=SamplingParams(seed=seed),
+            on_finish=functools.partial(append_episode, sink),
+            skip=frozenset(t.key for t in previous),
+            seed=seed,
+        )
+    episodes = _episodes_of(tasks, samples, previous + new)
+    summary = summarize(
+        episodes,
+        env=env,
+        split=split,
+        policy=policy_spec,
+        samples_per_task=samples,
+        wall_s=time.perf_counter() - started,  # this invocation's time; a resumed run counts only its own
+    )
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _select_tasks(
+    env: str, split: str, options: dict[str, Any], n_tasks: int | None, policy: Policy
+) -> list[Task]:
+    """The first `n_tasks` of the split (stable order); without `n_tasks`, all, or a replay's own tasks."""
+    tasks = load_tasks(env, split, limit=n_tasks, **options)
+    if isinstance(policy, ReplayPolicy) and n_tasks is None:
+        # A replay plays the tasks its file holds, so that it reproduces that run as it was.
+        tasks = [t for t in tasks if t.id in policy.task_ids]
+        if not tasks:
+            raise ValueError(
+                f"{policy.path} holds no task of env {env!r} split {split!r}; pass the run's --split"
+            )
+    return tasks
+
+
+def check_same_run(out: Path, identity: dict[str, Any]) -> None:
+    """Refuse an out dir that holds another run (its run.json differs), so that runs never mix."""
+    run_file = out / RUN_FILE
+    if not run_file.exists():
+        if (out / EPISODES_FILE).exists():
+            raise ValueError(f"{out} holds {EPISODES_FILE} but no {RUN_FILE}; use another --out")
+        return
+    before = json.loads(run_file.read_text(encoding="utf-8"))
+    now = json.loads(json.dumps(identity))  # compare in JSON types (tuples -> lists)
+    if before != now:
+        diffs = [
+            f"{key}: {before.get(key)!r} there, {now.get(key)!r} now"
+            for key in sorted(set(before) | set(now))
+            if before.get(key) != now.get(key)
+        ]
+        raise ValueError(
+            f"{out} holds a different run ({'; '.join(diffs)}); use another --out, or delete {out} to start over"
+        )
+
+
+def read_episodes(path: Path) -> list[Trajectory]:
+    """The finished episodes of a (possibly killed) run.
+
+    A last line without its newline is what a kill leaves: it is kept if it parses, else dropped with a
+    warning, and the file is rewritten so that appends start on a fresh line. Any other bad line is an error.
+    """
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8")
+    *lines, tail = text.split("\n")  # a complete file ends with "\n", so tail == ""
+    episodes = []
+    for lineno, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                episodes.append(Trajectory.from_json(line))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: not a trajectory ({e}); fix or delete the line") from None
+    if tail:
+        try:
+            episodes.append(Trajectory.from_json(tail))
+            lines.append(tail)
+        except (ValueError, KeyError, TypeError):
+            warnings.warn(
+                f"{path}:{len(lines) + 1}: dropped an unfinished last line (the run was killed mid-write); "
+                "that episode runs again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        _rewrite(path, lines)
+    return episodes
+
+
+def append_episode(sink, traj: Trajectory) -> None:
+    """One JSON line per finished episode, on disk before the next one starts (a kill loses nothing)."""
+    sink.write(traj.to_json() + "\n")
+    sink.flush()
+    os.fsync(sink.fileno())
+
+
+def _rewrite(path: Path, lines: list[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines if line.strip()), encoding="utf-8")
+    os.replace(tmp, path)  # atomic: a kill now leaves the old file or the new one, never half of each
+
+
+def _episodes_of(tasks: list[Task], samples: int, episodes: list[Trajectory]) -> list[Trajectory]:
+    """The episodes of the selected tasks, one per (task_id, sample), in task then sample order."""
+    by_key = {}
+    for traj in episodes:
+        by_key.setdefault(traj.key, traj)
+    return [by_key[(t.id, s)] for t in tasks for s in range(samples) if (t.id, s) in by_key]

@@ -1,0 +1,164 @@
+"""Scripted policies (no model): expert, random and replay.
+
+They read `Prompt.env` / `Prompt.task` and write every reply through the env's format
+(`env.format.render(...)`), so a scripted episode has exactly the shape of a model's: its transcript
+holds format text that `env.format.parse` reads back.
+
+    turnforge eval --env household --policy random --split test --tasks 200 --samples 4 --out runs/random
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert
+from turnforge.policies.base import Generation, Prompt, SamplingParams
+
+
+def _env_of(prompt: Prompt, policy: str) -> Env:
+    if prompt.env is None:
+        raise ValueError(
+            f"the {policy} policy steps a live env, but the prompt of task {prompt.task.id!r} has none"
+        )
+    return prompt.env
+
+
+def _ask_env(prompt: Prompt, policy: str, reply: Callable[[], Generation]) -> Generation:
+    """`reply()`, or — when the env's own solver or action list fails — a warning and a give-up.
+
+    A failing env method ends that episode (gave_up) instead of the whole batch; the warning names it.
+    """
+    try:
+        return reply()
+    except Exception as e:
+        warnings.warn(
+            f"{policy} policy: the env failed on task {prompt.task.id!r} sample {prompt.sample} turn {prompt.turn} "
+            f"({type(e).__name__}: {e}); that episode gives up",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return Generation(text="", finish_reason="exhausted")
+
+
+class ExpertPolicy:
+    """The env's own scripted solver (`env.expert_reply()`), rendered in the env's format."""
+
+    name = "expert"
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        return [self._reply(p) for p in prompts]
+
+    def _reply(self, prompt: Prompt) -> Generation:
+        env = _env_of(prompt, self.name)
+        if not isinstance(env, SupportsExpert):
+            raise ValueError(
+                f"env {getattr(env, 'name', type(env).__name__)!r} has no expert (no expert_reply()); "
+                "use --policy random or replay:FILE"
+            )
+        return _ask_env(prompt, self.name, lambda: Generation(text=env.format.render(env.expert_reply())))
+
+
+class RandomPolicy:
+    """Uniform over the env's admissible actions: a floor to compare models against.
+
+    The choice at each turn comes from an RNG seeded by (seed, task_id, sample, turn), so an episode
+    does not depend on batching, on the other episodes, or on a resume.
+    """
+
+    name = "random"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        return [self._reply(p) for p in prompts]
+
+    def _reply(self, prompt: Prompt) -> Generation:
+        env = _env_of(prompt, self.name)
+        if not isinstance(env, SupportsAdmissible):
+            raise ValueError(
+                f"env {getattr(env, 'name', type(env).__name__)!r} cannot list admissible actions; "
+                "the random policy needs them — use --policy expert or replay:FILE"
+            )
+        return _ask_env(prompt, self.name, lambda: self._pick(env, prompt))
+
+    def _pick(self, env: SupportsAdmissible, prompt: Prompt) -> Generation:
+        actions = env.admissible_actions()
+        if not actions:
+            return Generation(text="", finish_reason="exhausted")
+        # A string seed is hashed with SHA-512 by `random`, so it is stable across processes.
+        rng = random.Random(f"{self.seed}/{prompt.task.id}/{prompt.sample}/{prompt.turn}")
+        return Generation(text=prompt.env.format.render(env.action_message(rng.choice(actions))))
+
+
+class ReplayPolicy:
+    """Replays saved replies: turn i of episode (task_id, sample) gets the i-th saved reply.
+
+    The JSONL file holds either trajectories (e.g. a run's episodes.jsonl: their assistant messages'
+    `content`, in order) or `{"task_id": ..., "replies": [...], "sample": 0}` lines (`sample` optional).
+    An episode whose replies ran out, or that has none, gets `finish_reason="exhausted"` (-> gave_up).
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.name = f"replay:{path}"
+        self.replies = load_replies(self.path)
+        self.task_ids = frozenset(task_id for task_id, _ in self.replies)
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        return [self._reply(p) for p in prompts]
+
+    def _reply(self, prompt: Prompt) -> Generation:
+        replies = self.replies.get((prompt.task.id, prompt.sample), [])
+        if prompt.turn >= len(replies):
+            return Generation(text="", finish_reason="exhausted")
+        return Generation(text=replies[prompt.turn])
+
+
+def load_replies(path: Path) -> dict[tuple[str, int], list[str]]:
+    """(task_id, sample) -> replies, from a JSONL of trajectories or of `{task_id, replies}` lines."""
+    if not path.is_file():
+        raise ValueError(f"replay file {path} does not exist; give --policy replay:FILE with a JSONL file")
+    replies: dict[tuple[str, int], list[str]] = {}
+    seen_at: dict[tuple[str, int], int] = {}
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            key, texts = _parse_replay_line(line, f"{path}:{lineno}")
+            if key in seen_at:
+                raise ValueError(
+                    f"{path}:{lineno}: task {key[0]!r} sample {key[1]} already has replies (line {seen_at[key]}); "
+                    "give each (task_id, sample) one line"
+                )
+            replies[key], seen_at[key] = texts, lineno
+    return replies
+
+
+def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str]]:
+    expected = 'expected a trajectory (with "messages") or {"task_id": ..., "replies": [...]}'
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg}); {expected}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("task_id"), str):
+        raise ValueError(f"{where}: no string task_id; {expected}")
+    sample = record.get("sample", 0)
+    if not isinstance(sample, int):
+        raise ValueError(f"{where}: sample must be an integer, got {sample!r}")
+    if "replies" in record:
+        texts = record["replies"]
+    elif "messages" in record:
+        try:
+            texts = [m.get("content") or "" for m in record["messages"] if m["role"] == "assistant"]
+        except (TypeError, KeyError, AttributeError):
+            raise ValueError(f"{where}: messages must be a list of {{role, content}} objects") from None
+    else:
+        raise ValueError(f"{where}: {expected}")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"{where}: replies must be a list of strings")
+    return (record["task_id"], sample), texts
