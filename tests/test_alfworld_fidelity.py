@@ -64,3 +64,19 @@ def test_same_transcripts_admissible_sets_and_success(exported):
                     break
                 assert native.admissible_actions() == real.admissible_actions(), (task.id, command)
         assert native.score().success and real.score().success, task.id
+
+
+def test_native_expert_plans_are_no_longer_than_alfworld_planner(exported):
+    """ALFWorld's own PDDL planner (Fast Downward, `policy_commands`) on the same games."""
+    tasks, games = exported
+    native = make_env("household", grammar="0.4")
+    real = make_env("alfworld", planner=True)
+    for task in tasks:
+        native.reset(task)
+        real.reset(games[task.id])
+        for env in (native, real):
+            result = None
+            while result is None or not result.done:
+                result = env.step(env.expert_reply())
+            assert result.info["won"], (task.id, env.name)
+        assert native.steps <= real.steps, (task.id, native.steps, real.steps)

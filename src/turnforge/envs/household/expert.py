@@ -76,9 +76,11 @@ class _Sim:
         self.put((here or fits)[0].name)
 
     def transform(self, verb: str) -> None:
-        appliance = next(r for r in self.w.receptacles.values() if r.type == TRANSFORM_APPLIANCE[verb])
-        self.go(appliance.name)
-        self.do(f"{verb} {self.w.held} with {appliance.name}")
+        # Every "go to" costs one step, so the appliance we stand at (if any) is the cheapest one.
+        appliances = [r.name for r in self.w.receptacles.values() if r.type == TRANSFORM_APPLIANCE[verb]]
+        appliance = self.w.at if self.w.at in appliances else appliances[0]
+        self.go(appliance)
+        self.do(f"{verb} {self.w.held} with {appliance}")
 
 
 def _attempt(world: World, script) -> list[str] | None:
