@@ -4,8 +4,8 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 EXTRAS  ?= dev,alfworld
-STAMP   := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma   := ,
+STAMP   := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: install demo test test-all lint clean
 
