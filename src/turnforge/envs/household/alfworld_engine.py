@@ -13,10 +13,10 @@ from pathlib import Path
 
 from turnforge.envs.household.catalog import TASK_TYPES
 from turnforge.envs.household.engine import NOTHING
-from turnforge.envs.household.env import ACTION_TOOL, system_text
+from turnforge.envs.household.env import ACTION_TOOL, action_message, action_of, system_text
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
-from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
+from turnforge.types import Message, Score, StepResult, StopReason, Task
 
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 # ALFWorld's split folders (alfworld/configs/base_config.yaml); `test` is the usual LLM-agent test set.
@@ -108,10 +108,7 @@ class AlfWorldEnv:
             self.format_errors += 1
             text = NOTHING
         else:
-            if reply.tool_calls:
-                action, call_id = str(reply.tool_calls[0].arguments.get("action", "")), reply.tool_calls[0].id
-            else:
-                action = reply.content
+            action, call_id = action_of(reply)
             self.state, _, _ = self._env.step(action)
             text = normalize_observation(self.state.feedback)
             self.invalid += text == NOTHING
@@ -130,9 +127,7 @@ class AlfWorldEnv:
         return list(self.state["admissible_commands"])
 
     def action_message(self, action: str) -> Message:
-        if self.format.name == "tool_call":
-            return Message("assistant", "", tool_calls=[ToolCall("act", {"action": action})])
-        return Message("assistant", action)
+        return action_message(self.format.name, action)
 
     def expert_reply(self) -> Message:
         if not self.planner:

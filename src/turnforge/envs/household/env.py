@@ -48,6 +48,21 @@ def system_text(grammar: str) -> str:
     )
 
 
+def action_message(format_name: str, action: str) -> Message:
+    """The parsed reply that performs `action`: an `act` tool call in tool_call format, else the text."""
+    if format_name == "tool_call":
+        return Message("assistant", "", tool_calls=[ToolCall("act", {"action": action})])
+    return Message("assistant", action)
+
+
+def action_of(reply: Message) -> tuple[str, str | None]:
+    """(command, tool call id) of a parsed reply; the inverse of `action_message`."""
+    if reply.tool_calls:
+        call = reply.tool_calls[0]
+        return str(call.arguments.get("action", "")), call.id
+    return reply.content, None
+
+
 class HouseholdEnv:
     """One household episode at a time. `make_env("household", grammar="0.4", hints=True)`."""
 
@@ -96,7 +111,7 @@ class HouseholdEnv:
             hint = self.format.error_observation(reply)
             text, call_id = (hint if self.hints else NOTHING), None
         else:
-            action, call_id = self._action_of(reply)
+            action, call_id = action_of(reply)
             text, chk = self.world.step(action)
             self._advance_plan(action, chk.ok)
             if not chk.ok:
@@ -133,9 +148,7 @@ class HouseholdEnv:
         return self.world.admissible()
 
     def action_message(self, action: str) -> Message:
-        if self.format.name == "tool_call":
-            return Message("assistant", "", tool_calls=[ToolCall("act", {"action": action})])
-        return Message("assistant", action)
+        return action_message(self.format.name, action)
 
     def expert_reply(self) -> Message:
         if not self._plan:
@@ -143,12 +156,6 @@ class HouseholdEnv:
         return self.action_message(self._plan[0] if self._plan else "look")
 
     # ---- internals -----------------------------------------------------------------------------------
-
-    def _action_of(self, reply: Message) -> tuple[str, str | None]:
-        if reply.tool_calls:
-            call = reply.tool_calls[0]
-            return str(call.arguments.get("action", "")), call.id
-        return reply.content, None
 
     def _advance_plan(self, action: str, ok: bool) -> None:
         # The cached expert plan stays valid only while the episode follows it.
