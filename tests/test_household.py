@@ -230,3 +230,22 @@ def test_registry_lists_options():
         make_env("household", colour="red")
     with pytest.raises(ValueError, match="grammar"):
         make_env("household", grammar="0.5")
+
+
+@pytest.mark.parametrize("knobs", [{}, {"receptacles": 0.5, "distractors": 4}])
+def test_explorer_expert_solves_every_type_by_searching(knobs):
+    env = make_env("household", expert="explorer")
+    solved = Counter()
+    for task in load_tasks("household", "test", limit=600, **knobs):
+        env.reset(task)
+        first = env.expert_reply().content
+        # It starts by searching where the object can be, in listing order, not where it is.
+        w = env.world
+        target = w.goal["object"]
+        plausible = [r.name for r in w.receptacles.values() if target in CAN_CONTAIN[r.type]]
+        assert first.startswith("go to ") and first[len("go to "):] in plausible
+        result = None
+        while result is None or not result.done:
+            result = env.step(env.expert_reply())
+        solved[task.category] += result.stop is StopReason.success
+    assert solved == Counter({k: 100 for k in TASK_TYPES})

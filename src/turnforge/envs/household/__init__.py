@@ -47,6 +47,8 @@ SPEC = register_env(
             EnvOption("admissible", bool, False, "append the admissible commands to each observation"),
             EnvOption("format", str, "act_line", "how the agent writes actions", tuple(list_formats())),
             EnvOption("max_steps", int, 50, "steps before the episode ends (max_turns)"),
+            EnvOption("expert", str, "oracle", "scripted solver: oracle (knows where things are) or explorer "
+                      "(searches like an agent; learnable by imitation)", ("oracle", "explorer")),
             EnvOption("seed", int, 0, "generator seed of the task splits"),
             EnvOption("receptacles", float, 1.0, "scale of the number of receptacles per room"),
             EnvOption("distractors", int, 8, "objects per room that are not part of the goal"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from turnforge.envs.household.catalog import TASK_TYPES, TRANSFORM_STATE
 from turnforge.envs.household.engine import NOTHING, World
 from turnforge.envs.household.expert import expert_plan
+from turnforge.envs.household.explorer import Explorer
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
 from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
@@ -75,6 +76,7 @@ class HouseholdEnv:
         admissible: bool = False,
         format: str = "act_line",
         max_steps: int = 50,
+        expert: str = "oracle",
         **_generation_options,
     ):
         self.grammar = grammar
@@ -82,6 +84,9 @@ class HouseholdEnv:
         self.show_admissible = admissible
         self.format = get_format(format)
         self.max_steps = max_steps
+        if expert not in ("oracle", "explorer"):
+            raise ValueError(f"expert must be 'oracle' or 'explorer', got {expert!r}")
+        self.expert = expert
         self.world: World | None = None
         self._plan: list[str] = []
 
@@ -95,6 +100,7 @@ class HouseholdEnv:
         self.format_errors = 0
         self.subgoals: set[str] = set()
         self._plan = []
+        self._explorer = Explorer()
         self._note_progress()
         system = system_text(self.grammar) + "\n\n" + self.format.system_prompt(self.tools())
         return [Message("system", system), Message("user", self._with_admissible(self.world.intro()))]
@@ -151,6 +157,8 @@ class HouseholdEnv:
         return action_message(self.format.name, action)
 
     def expert_reply(self) -> Message:
+        if self.expert == "explorer":
+            return self.action_message(self._explorer.next_action(self.world))
         if not self._plan:
             self._plan = expert_plan(self.world)
         return self.action_message(self._plan[0] if self._plan else "look")

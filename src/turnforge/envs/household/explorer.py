@@ -1,0 +1,98 @@
+"""The searching expert: solves household tasks the way an agent that cannot see through walls must.
+
+The oracle planner (`expert.py`) knows where every object is, so its first move ("go to drawer 3")
+cannot be inferred from what the agent has seen; a model imitating it can only guess. This expert
+acts only on what its recent turns showed: it searches the receptacles that can hold the object
+(in the order the room listing names them, opening closed ones), takes a goal object as soon as one
+is in view, transforms it at the first appliance of the right kind, and delivers it to the first
+receptacle of the goal type. Each decision depends on the goal, the room listing and the last turn
+or two, so a model with a short history window can learn it. `--env-opt expert=explorer`.
+"""
+
+from __future__ import annotations
+
+from turnforge.envs.household.catalog import CAN_CONTAIN, TRANSFORM_APPLIANCE, TRANSFORM_STATE
+from turnforge.envs.household.engine import Receptacle, World
+
+
+class Explorer:
+    """Stateful over one episode: remembers the last receptacle it searched (the search pointer)."""
+
+    def __init__(self) -> None:
+        self.pointer = -1  # index (in the room listing) of the last receptacle searched
+        self.placed = 0
+
+    def next_action(self, w: World) -> str:
+        g = w.goal
+        if g["toggle"]:
+            return self._look_task(w)
+        placed = w.goal_objects_placed()
+        if placed != self.placed:  # a delivery restarts the search for the next object
+            self.placed, self.pointer = placed, -1
+        held = w.objects[w.held] if w.held else None
+        if held is not None:
+            transform = g["transform"]
+            if transform and not getattr(held, TRANSFORM_STATE[transform]):
+                appliance = _first_of_type(w, TRANSFORM_APPLIANCE[transform])
+                if w.at != appliance.name:
+                    return f"go to {appliance.name}"
+                return f"{transform} {held.name} with {appliance.name}"
+            return _deliver(w, _first_of_type(w, g["receptacle"]))
+        candidate = self._visible(w, g["object"], exclude_ready_in=g["receptacle"])
+        if candidate:
+            return f"take {candidate} from {w.at}"
+        return self._search(w, g["object"], skip_type=g["receptacle"] if not g["transform"] else None)
+
+    def _look_task(self, w: World) -> str:
+        g = w.goal
+        if w.held is None:
+            candidate = self._visible(w, g["object"])
+            if candidate:
+                self.pointer = -1  # the lamp search starts over
+                return f"take {candidate} from {w.at}"
+            return self._search(w, g["object"])
+        lamp = self._visible(w, g["toggle"], need_open=False)
+        if lamp:
+            return f"use {lamp}"
+        return self._search(w, g["toggle"])
+
+    def _visible(self, w: World, otype: str, exclude_ready_in: str | None = None, need_open: bool = True) -> str | None:
+        """A goal-type object in view at the receptacle the agent stands at (first in listing order)."""
+        here = w.receptacles.get(w.at) if w.at else None
+        if here is None or (need_open and here.openable and not here.opened):
+            return None
+        for name in here.contents:
+            obj = w.objects[name]
+            if obj.type == otype and not (here.type == exclude_ready_in and w._goal_ready(obj)):
+                return name
+        return None
+
+    def _search(self, w: World, otype: str, skip_type: str | None = None) -> str:
+        """Open the closed receptacle we stand at if we came to search it, else go to the next one."""
+        here = w.receptacles.get(w.at) if w.at else None
+        listing = list(w.receptacles)
+        if here is not None and listing.index(here.name) == self.pointer and here.openable and not here.opened:
+            return f"open {here.name}"
+        for i, rec in enumerate(w.receptacles.values()):
+            if i <= self.pointer or otype not in CAN_CONTAIN[rec.type] or rec.type == skip_type:
+                continue
+            self.pointer = i
+            if rec.name != w.at:
+                return f"go to {rec.name}"
+            if rec.openable and not rec.opened:
+                return f"open {rec.name}"
+        self.pointer = -1  # searched everything (only after objects moved): start over
+        return "look"
+
+
+def _first_of_type(w: World, rtype: str) -> Receptacle:
+    return next(r for r in w.receptacles.values() if r.type == rtype)
+
+
+def _deliver(w: World, target: Receptacle) -> str:
+    if w.at != target.name:
+        return f"go to {target.name}"
+    if target.openable and not target.opened:
+        return f"open {target.name}"
+    verb = "put {} in/on {}" if w.grammar == "0.3" else "move {} to {}"
+    return verb.format(w.held, target.name)
