@@ -22,9 +22,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/turnforge envs
-	$(BIN)/turnforge eval --env household --policy expert --split test --tasks 60 --out runs/demo-expert
-	$(BIN)/turnforge eval --env household --policy random --split test --tasks 60 --samples 4 --out runs/demo-random
+	$(BIN)/turnforge quickstart --out runs/quickstart
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

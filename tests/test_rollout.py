@@ -188,10 +188,12 @@ def _chat_template(messages: list[Message]) -> str:
 class CharRenderer:
     """Each message renders as <role>content</>; the prompt ends with the <assistant> header."""
 
-    def initial_ids(self, messages, tools):
+    window = None
+
+    def prompt_ids(self, messages, tools):
         return _encode(_chat_template(messages))
 
-    def observation_ids(self, new_messages):
+    def observation_ids(self, messages, new_messages, tools, generated_ids, finish_reason):
         return _encode(_chat_template(new_messages))
 
 
@@ -264,10 +266,12 @@ def test_make_policy_specs(tmp_path):
     assert make_policy("random", seed=7).seed == 7
     (tmp_path / "r.jsonl").write_text("")
     assert make_policy(f"replay:{tmp_path / 'r.jsonl'}").name == f"replay:{tmp_path / 'r.jsonl'}"
-    for spec in ("hf", "vllm", "openai:http://localhost:8000/v1"):
+    for spec in ("vllm", "openai:http://localhost:8000/v1"):
         with pytest.raises(NotImplementedError, match="not available in this version"):
             make_policy(spec, model="Qwen/Qwen3-4B-Instruct-2507")
     for spec, message in [
+        ("hf", "needs a model"),
+        ("hf:x", "takes no argument"),
         ("replay", "needs a file"),
         ("greedy", "unknown policy"),
         ("expert:x", "unknown policy"),

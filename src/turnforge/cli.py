@@ -1,5 +1,7 @@
 """The `turnforge` command. Thin: it parses options and calls the library; the work lives elsewhere.
 
+    turnforge quickstart --out runs/qs
+    turnforge run recipes/quickstart.toml --out runs/qs --set stages.sft.learning_rate=5e-4
     turnforge envs
     turnforge eval --env household --policy expert --split test --tasks 200 --out runs/expert
     turnforge eval --env household --policy random --split test --tasks 200 --samples 4 --out runs/random
@@ -25,6 +27,8 @@ from turnforge.envs.base import list_envs
 from turnforge.envs.household.cli import household_app
 from turnforge.eval.runner import run_eval
 from turnforge.eval.table import print_summary
+from turnforge.pipeline import print_comparison, run_recipe
+from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits
 
 app = typer.Typer(
@@ -112,3 +116,45 @@ def eval_command(
     )
     print_summary(summary)
     typer.echo(f"wrote {out / 'summary.json'} and {out / 'episodes.jsonl'}")
+
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a recipe value: KEY.PATH=VALUE, e.g. stages.sft.epochs=2."),
+]
+ModelOption = Annotated[str | None, typer.Option(help="Base model (model.name): tiny, a path or a hub id.")]
+
+
+@app.command("run")
+@_user_errors
+def run_command(
+    recipe: Annotated[str, typer.Argument(help="Recipe file, or a packaged recipe's name: quickstart.")],
+    out: Annotated[Path, typer.Option(help="Run directory; re-running with the same --out resumes.")],
+    model: ModelOption = None,
+    set_: SetOption = None,
+    restart_from: Annotated[
+        str | None, typer.Option(help="Redo this stage (id, name or number) and every later one.")
+    ] = None,
+    check: Annotated[bool, typer.Option(help="Validate the recipe, print it resolved, run nothing.")] = False,
+) -> None:
+    """Run a recipe's stages in OUT (resumable); prints the evaluations side by side."""
+    loaded = load_recipe(recipe, overrides=set_ or [], model=model)
+    if check:
+        typer.echo(loaded.to_toml(), nl=False)
+        return
+    summary = run_recipe(loaded, out, restart_from=restart_from)
+    print_comparison(summary)
+    typer.echo(f"wrote {out / 'summary.json'} and {out / 'report.md'}")
+
+
+@app.command()
+@_user_errors
+def quickstart(
+    out: Annotated[Path, typer.Option(help="Run directory; re-running with the same --out resumes.")] = Path(
+        "runs/quickstart"
+    ),
+    model: ModelOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Tiny model on CPU in minutes: expert data -> SFT -> evaluation before/after (`run quickstart`)."""
+    run_command("quickstart", out=out, model=model, set_=set_, restart_from=None, check=False)

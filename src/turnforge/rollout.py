@@ -15,8 +15,10 @@ in the backend and stops the run.
 
 Token-exact (for training on real models): when the policy has a `renderer` (a `ChatRenderer`), an
 episode's ids are the rendered first prompt + exactly the generated ids + the chat-template delta of each
-observation; text is never re-tokenized, and `Prompt.ids` carries them. Scripted policies have no
-renderer; their ids stay empty.
+observation; text is never re-tokenized, and `Prompt.ids` carries them. With a history window
+(`renderer.window = N`: system prompt + first observation + last N turns) each turn's prompt is rendered
+afresh from the windowed messages and kept in `Turn.prompt_ids`, so every turn is a token-exact
+(prompt, completion) pair. Scripted policies have no renderer; their ids stay empty.
 
     turnforge eval --env household --policy expert --split test --tasks 30 --out runs/expert
 """
@@ -35,6 +37,7 @@ from typing import Protocol, runtime_checkable
 
 from turnforge.envs.base import Env
 from turnforge.formats.base import FormatError
+from turnforge.models.chat import window_messages
 from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
 from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
 
@@ -54,7 +57,8 @@ class RolloutLimits:
     """0 steps the envs inline; N > 0 steps them in a pool of N threads (for envs that wait on I/O)."""
     max_total_tokens: int | None = None
     """Cap on an episode's tokens -> StopReason.max_tokens: its whole id sequence (prompt + generated +
-    observations) when token-exact, else its generated tokens; None = no cap."""
+    observations) when token-exact (with a history window: the next windowed prompt), else its generated
+    tokens; None = no cap."""
 
     def __post_init__(self) -> None:
         at_least_one = {"max_turns": self.max_turns, "max_format_errors": self.max_format_errors}
@@ -68,14 +72,29 @@ class RolloutLimits:
 
 @runtime_checkable
 class ChatRenderer(Protocol):
-    """Turns messages into the exact ids a model sees (a policy's optional `renderer` attribute)."""
+    """Turns messages into the exact ids a model sees (a policy's optional `renderer` attribute).
 
-    def initial_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
-        """Ids of the first prompt, ending with the header of the assistant turn to generate."""
+    `turnforge.models.chat.ChatTemplateRenderer` implements it over a Hugging Face chat template.
+    """
+
+    window: int | None
+    """None: one growing id sequence per episode. N: each prompt is `window_messages(messages, N)` rendered anew."""
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        """Ids of a whole prompt, ending with the header of the assistant turn to generate."""
         ...
 
-    def observation_ids(self, new_messages: list[Message]) -> list[int]:
-        """Ids appended after a generated turn: the new observation messages + the next assistant header."""
+    def observation_ids(
+        self,
+        messages: list[Message],
+        new_messages: list[Message],
+        tools: list[dict] | None,
+        generated_ids: list[int],
+        finish_reason: str | None,
+    ) -> list[int]:
+        """Ids appended after `generated_ids`: end-of-turn if the generation lacks it, `new_messages` and the
+        next assistant header. `messages` is the conversation up to and including the raw assistant message
+        just generated."""
         ...
 
 
@@ -164,7 +183,7 @@ def _reset(ep: _Episode, env_factory: Callable[[], Env], renderer: ChatRenderer 
     finally:
         ep.env_s += time.perf_counter() - t0
     if renderer is not None:
-        ep.prompt_ids = renderer.initial_ids(ep.messages, ep.tools)
+        ep.prompt_ids = renderer.prompt_ids(ep.messages, ep.tools)
         ep.ids = list(ep.prompt_ids)
 
 
@@ -224,14 +243,31 @@ def _step(ep: _Episode, gen: Generation, limits: RolloutLimits, renderer: ChatRe
         finish_reason=gen.finish_reason,
     )
     ep.messages.append(Message("assistant", gen.text))
-    ep.messages.extend(result.messages)
     if renderer is not None:
-        turn.observation_ids = renderer.observation_ids(result.messages)
-        ep.ids += turn.generated_ids + turn.observation_ids
+        _append_ids(ep, turn, result.messages, renderer, gen.finish_reason)
+    ep.messages.extend(result.messages)
     ep.turns.append(turn)
     ep.format_errors_in_a_row = 0 if parse_error is None else ep.format_errors_in_a_row + 1
     tokens = len(ep.ids) if renderer is not None else ep.tokens_generated
     ep.closed, ep.stop = _stop_after_step(ep, result, tokens, limits)
+
+
+def _append_ids(
+    ep: _Episode, turn: Turn, observation: list[Message], renderer: ChatRenderer, finish_reason: str
+) -> None:
+    """Extend the episode's ids after a turn (`ep.messages` ends with the raw assistant message).
+
+    Without a window: generated ids + the observation delta, onto the one growing sequence. With one: the turn
+    keeps the prompt it was generated from, and the next prompt is the windowed conversation rendered anew.
+    """
+    if renderer.window is None:
+        turn.observation_ids = renderer.observation_ids(
+            ep.messages, observation, ep.tools, turn.generated_ids, finish_reason
+        )
+        ep.ids += turn.generated_ids + turn.observation_ids
+    else:
+        turn.prompt_ids = ep.ids
+        ep.ids = renderer.prompt_ids(window_messages(ep.messages + observation, renderer.window), ep.tools)
 
 
 def _stop_after_step(

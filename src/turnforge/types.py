@@ -121,6 +121,8 @@ class Turn:
 
     `generated_ids`/`logprobs` are the exact tokens the policy sampled (empty for scripted policies);
     `observation_ids` are the chat-template tokens appended after it (observation + next prompt header).
+    With a history window the episode has no single id sequence: `prompt_ids` is then the windowed prompt
+    this turn was generated from (empty without a window), and `observation_ids` stays empty.
     """
 
     text: str
@@ -132,6 +134,7 @@ class Turn:
     parse_ok: bool = True
     parse_error: str | None = None
     finish_reason: str | None = None
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -10,6 +10,7 @@ summary covers every episode of the selected tasks. A different run is refused, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -42,17 +43,23 @@ def run_eval(
     out_dir: str | Path,
     model: str | None = None,
     limits: RolloutLimits | None = None,
+    params: SamplingParams | None = None,
+    policy_options: dict[str, Any] | None = None,
 ) -> dict:
     """Evaluate `policy_spec` on env `env`; writes run.json, episodes.jsonl, summary.json; returns the summary.
 
-    `n_tasks=None` takes the whole split (for a replay: the tasks its file holds). Raises ValueError
-    (bad input, or an out dir holding another run) before any episode runs.
+    `n_tasks=None` takes the whole split (for a replay: the tasks its file holds). `params` are the sampling
+    settings of model policies (default: `SamplingParams(seed=seed)`); `policy_options` go to the model
+    backend (hf: device, dtype, window, batch_size, adapter). Raises ValueError (bad input, or an out dir
+    holding another run) before any episode runs.
     """
     if samples < 1 or (n_tasks is not None and n_tasks < 1):
         raise ValueError(f"--samples and --tasks must be at least 1 (got samples={samples}, tasks={n_tasks})")
     limits = limits or RolloutLimits()
+    params = params or SamplingParams(seed=seed)
+    policy_options = policy_options or {}
     options = get_env_spec(env).coerce_options(env_options)
-    policy = make_policy(policy_spec, model=model, seed=seed)
+    policy = make_policy(policy_spec, model=model, seed=seed, **policy_options)
     identity = {
         "env": env,
         "env_options": options,
@@ -64,6 +71,8 @@ def run_eval(
         "n_tasks": n_tasks,
         # Only the limits that change results; batch size and env workers do not.
         "limits": {k: getattr(limits, k) for k in ("max_turns", "max_format_errors", "max_total_tokens")},
+        "sampling": dataclasses.asdict(params),
+        "policy_options": {k: v for k, v in policy_options.items() if k not in ("batch_size", "device")},
     }
     out = Path(out_dir)
     check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
@@ -81,7 +90,7 @@ def run_eval(
             tasks,
             samples,
             limits,
-            params=SamplingParams(seed=seed),
+            params=params,
             on_finish=functools.partial(append_episode, sink),
             skip=frozenset(t.key for t in previous),
             seed=seed,

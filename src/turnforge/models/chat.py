@@ -1,0 +1,288 @@
+"""Chat rendering, token-exact: the ids a model sees in a multi-turn episode (design.md §5).
+
+An episode's ids are the rendered first prompt, then per turn the exact generated ids and the
+*observation delta*: the text the chat template writes after the generated reply, up to and including
+the next assistant header. For Qwen3 after a tool observation:
+
+    <|im_end|>\\n<|im_start|>user\\n<tool_response>\\nYou open the fridge 1.\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
+
+without its leading `<|im_end|>` when the generation already ended with it (the usual case; a
+generation cut by length gets the end-of-turn token from the delta). The delta is found by rendering the
+conversation before and after the observation and checking that one is a prefix of the other; it is
+tokenized on its own, which is safe because it always starts at a special token (`<|im_end|>`, or right
+after one), and a byte-level BPE never merges across an added token. The rollout's ids then equal
+`apply_chat_template(final messages, tools=..., add_generation_prompt=True)` whenever the generated ids
+are the canonical tokenization of their text (tests/test_token_exact.py), and they are the ids the model
+actually saw in every case.
+
+This needs a *prefix-preserving* template: appending messages never changes how earlier ones render,
+and an assistant reply renders verbatim followed by the end-of-turn token. Qwen3-4B-Instruct-2507's
+template is; Qwen3's thinking template is not (it drops or rewrites the reasoning of earlier turns), and
+`ChatTemplateRenderer` refuses it at construction (`check_prefix_preserving`) instead of drifting.
+
+With a window (`window_messages`: the system prompt, the first observation and the last N turns, as many
+ALFWorld agents keep), each turn's prompt is rendered afresh from the windowed messages, so every turn is
+its own token-exact (prompt, completion) pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from turnforge.types import Message
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+ChatMessage = Message | dict[str, Any]
+"""A message as turnforge holds it or as a dataset stores it (OpenAI / HF chat shape)."""
+
+
+def role_of(message: ChatMessage) -> str:
+    """The role of a Message or of a chat dict."""
+    return message.role if isinstance(message, Message) else message["role"]
+
+
+def _as_dict(message: ChatMessage) -> dict[str, Any]:
+    return message.to_dict() if isinstance(message, Message) else message
+
+
+def window_messages(messages: Sequence[ChatMessage], window: int | None) -> list[ChatMessage]:
+    """The system prompt + first observation(s) + the last `window` assistant turns with their observations.
+
+    The head is everything before the first assistant message; a turn is an assistant message and the
+    messages after it up to the next one. `window=None` keeps everything.
+
+    >>> msgs = [Message("system", "s"), Message("user", "task")]
+    >>> msgs += [Message("assistant", "a1"), Message("user", "o1"), Message("assistant", "a2"), Message("user", "o2")]
+    >>> [m.content for m in window_messages(msgs, 1)]
+    ['s', 'task', 'a2', 'o2']
+    """
+    if window is None:
+        return list(messages)
+    if window < 1:
+        raise ValueError(f"window must be at least 1 assistant turn (or None for the whole history), got {window}")
+    starts = [i for i, m in enumerate(messages) if role_of(m) == "assistant"]
+    if len(starts) <= window:
+        return list(messages)
+    return list(messages[: starts[0]]) + list(messages[starts[-window] :])
+
+
+def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage], tools: list[dict] | None,
+           generation_prompt: bool) -> str:
+    """The chat template's text for `messages` (Message objects or dicts), as `apply_chat_template` writes it."""
+    return tokenizer.apply_chat_template(
+        [_as_dict(m) for m in messages], tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+    )
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Ids of `text` with no BOS/EOS added, exactly as `apply_chat_template(tokenize=True)` tokenizes it."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+class ChatTemplateRenderer:
+    """The rollout's `ChatRenderer` over a Hugging Face tokenizer's own chat template.
+
+    `window`: None renders the whole history (one growing id sequence per episode); N keeps the system
+    prompt, the first observation and the last N turns, re-rendered at every turn.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, window: int | None = None):
+        if window is not None and window < 1:
+            raise ValueError(f"window must be at least 1 assistant turn (or None for the whole history), got {window}")
+        check_prefix_preserving(tokenizer)
+        self.tokenizer = tokenizer
+        self.window = window
+        self.eos_text: str = tokenizer.eos_token
+        self.eos_id: int = tokenizer.eos_token_id
+
+    def prompt_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None) -> list[int]:
+        """Ids of the whole of `messages`, ending with the header of the assistant turn to generate."""
+        return encode(self.tokenizer, render(self.tokenizer, messages, tools, True))
+
+    def observation_ids(
+        self,
+        messages: Sequence[ChatMessage],
+        new_messages: Sequence[ChatMessage],
+        tools: list[dict] | None,
+        generated_ids: Sequence[int],
+        finish_reason: str | None,
+    ) -> list[int]:
+        """Ids appended after `generated_ids`: end-of-turn if missing, `new_messages`, the next assistant header.
+
+        `messages` ends with the assistant message just generated. Whether the end-of-turn token is already
+        there is read from the ids themselves (a stop string or `max_new_tokens` leaves it out, whatever
+        `finish_reason` says).
+        """
+        _, _, delta = self._split_last_turn(messages, new_messages, tools)
+        if generated_ids and generated_ids[-1] == self.eos_id:
+            delta = delta[len(self.eos_text) :]
+        return encode(self.tokenizer, delta)
+
+    def completion_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None) -> list[int]:
+        """Canonical ids of the last (assistant) message as a model writes it: its rendered text + end-of-turn.
+
+        For a raw reply that is the content; for a message with structured `tool_calls` it is the template's
+        rendering of the calls (e.g. Qwen3's `<tool_call>` blocks).
+        """
+        _, completion, _ = self._split_last_turn(messages, [], tools)
+        return encode(self.tokenizer, completion) + [self.eos_id]
+
+    def _split_last_turn(
+        self, messages: Sequence[ChatMessage], new_messages: Sequence[ChatMessage], tools: list[dict] | None
+    ) -> tuple[str, str, str]:
+        """(prompt text, completion text, delta text from the end-of-turn on) around the last assistant message."""
+        if not messages or role_of(messages[-1]) != "assistant":
+            raise ValueError("the conversation must end with the assistant message whose observation is rendered")
+        head = render(self.tokenizer, messages[:-1], tools, True)
+        after = render(self.tokenizer, [*messages, *new_messages], tools, True)
+        if not after.startswith(head):
+            raise ValueError(
+                f"{template_name(self.tokenizer)} is not prefix-preserving on this conversation: rendering it "
+                f"with message {len(messages) - 1} (assistant) and the observation after it changes the text "
+                f"before them ({_first_difference(head, after)}); token-exact rollouts cannot use it"
+            )
+        rest = after[len(head) :]
+        content = _as_dict(messages[-1]).get("content") or ""
+        # The reply itself could contain the end-of-turn text; a verbatim reply is located by its content.
+        end = len(content) if rest.startswith(content + self.eos_text) else rest.find(self.eos_text)
+        if end < 0:
+            raise ValueError(
+                f"{template_name(self.tokenizer)} wrote no end-of-turn {self.eos_text!r} after the assistant "
+                f"message {len(messages) - 1}; token-exact rollouts need one"
+            )
+        return head, rest[:end], rest[end:]
+
+
+# ---- the start-up check ---------------------------------------------------------------------------------
+
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "act",
+        "description": "Perform one command.",
+        "parameters": {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]},
+    },
+}
+_CALL = '<tool_call>\n{"name": "act", "arguments": {"action": "look"}}\n</tool_call>'
+# Two conversations every supported template must render prefix-preservingly: text actions, and tool calls
+# with tool observations (two in a row at the end, which Qwen groups in one user turn).
+_PROBES: list[tuple[list[dict[str, Any]], list[dict] | None]] = [
+    (
+        [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Your task is to: look."},
+            {"role": "assistant", "content": "ACTION: look"},
+            {"role": "user", "content": "You see a desk 1."},
+            {"role": "assistant", "content": "Thought: go.\nACTION: go to desk 1"},
+            {"role": "user", "content": "Nothing happens."},
+        ],
+        None,
+    ),
+    (
+        [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Your task is to: look."},
+            {"role": "assistant", "content": _CALL},
+            {"role": "tool", "content": "You see a desk 1.", "name": "act"},
+            {"role": "assistant", "content": "I look again.\n" + _CALL},
+            {"role": "tool", "content": "You see a desk 1.", "name": "act"},
+            {"role": "tool", "content": "Nothing happens.", "name": "act"},
+        ],
+        [_TOOL],
+    ),
+]
+_CHECKED: set[tuple[str, str]] = set()
+_ADVICE = (
+    "Use a template that writes each reply verbatim and never rewrites earlier turns, e.g. for "
+    "Qwen3-4B-Instruct-2507: tokenizer.chat_template = trl_chat_template('qwen3_instruct_2507.jinja')."
+)
+
+
+def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise a clear ValueError, naming the template, unless it supports token-exact rollouts.
+
+    Checked on probe conversations (text actions; tool calls and tool observations where the template
+    renders tools): each assistant reply renders as `prompt + reply + end-of-turn`, and rendering more
+    messages after it never changes the text before. The end-of-turn (`tokenizer.eos_token`) must be an
+    added token, so the observation delta, which starts there, can be tokenized on its own.
+    """
+    name = template_name(tokenizer)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{name}: the tokenizer has no chat template; set tokenizer.chat_template first")
+    eos = tokenizer.eos_token
+    if eos is None or eos not in tokenizer.get_added_vocab():
+        raise ValueError(
+            f"{name}: the end-of-turn token (tokenizer.eos_token = {eos!r}) must be an added/special token "
+            "so token-exact rollouts can tokenize each observation on its own; set eos_token to the token "
+            "the template writes after an assistant reply (e.g. <|im_end|>)"
+        )
+    key = (tokenizer.chat_template, eos)
+    if key in _CHECKED:
+        return
+    for messages, tools in _PROBES:
+        try:
+            render(tokenizer, messages, tools, True)
+        except Exception as e:
+            if tools is None:
+                raise ValueError(f"{name} fails on a plain system/user/assistant conversation: {e}") from e
+            continue  # a template without tool messages: tool envs will fail on it, text envs are fine
+        _check_probe(tokenizer, messages, tools, name)
+    _CHECKED.add(key)
+
+
+def _check_probe(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None,
+                 name: str) -> None:
+    eos = tokenizer.eos_token
+    starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    for n, i in enumerate(starts):
+        head = render(tokenizer, messages[:i], tools, True)
+        turn = head + messages[i]["content"] + eos
+        full = render(tokenizer, messages[: i + 1], tools, False)
+        if not full.startswith(turn):
+            raise ValueError(
+                f"{name} cannot be used for token-exact rollouts: it does not render an assistant reply "
+                f"verbatim between the generation prompt and {eos!r} ({_first_difference(turn, full)}). "
+                f"{_ADVICE}"
+            )
+        nxt = starts[n + 1] if n + 1 < len(starts) else len(messages)
+        after = render(tokenizer, messages[:nxt], tools, True)
+        if not after.startswith(turn):
+            raise ValueError(
+                f"{name} is not prefix-preserving: appending the observation after assistant turn {n + 1} "
+                f"changes how the conversation before it renders ({_first_difference(turn, after)}), so the ids "
+                f"of a rollout would drift from the template. {_ADVICE}"
+            )
+
+
+def _first_difference(expected: str, got: str) -> str:
+    at = next((k for k, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), min(len(expected), len(got)))
+    return f"at character {at}: expected {expected[at : at + 40]!r}, got {got[at : at + 40]!r}"
+
+
+@cache
+def trl_template_names() -> dict[str, str]:
+    """TRL's shipped chat templates (`trl/chat_templates/*.jinja`): text -> file name."""
+    folder = resources.files("trl").joinpath("chat_templates")
+    return {f.read_text(encoding="utf-8"): f.name for f in folder.iterdir() if f.name.endswith(".jinja")}
+
+
+def trl_chat_template(name: str) -> str:
+    """The text of TRL's `chat_templates/NAME` (e.g. "qwen3_instruct_2507.jinja"), read from the installed trl."""
+    path = resources.files("trl").joinpath("chat_templates", name)
+    if not path.is_file():
+        raise ValueError(f"trl ships no chat template {name!r}; see {resources.files('trl') / 'chat_templates'}")
+    return path.read_text(encoding="utf-8")
+
+
+def template_name(tokenizer: PreTrainedTokenizerBase) -> str:
+    """'chat template trl/chat_templates/X.jinja' when it is one of TRL's, else the tokenizer's own."""
+    known = trl_template_names().get(tokenizer.chat_template or "")
+    if known is not None:
+        return f"chat template trl/chat_templates/{known}"
+    return f"the chat template of {tokenizer.name_or_path or type(tokenizer).__name__}"
+

@@ -1,0 +1,251 @@
+"""The tiny offline model: a random Qwen3 with a byte-level BPE tokenizer trained on the environment's text.
+
+Nothing is downloaded. `build_tiny_model(out_dir)`:
+  1. runs the env's expert on a few hundred train tasks for every grammar and for the act_line and tool_call
+     formats, and renders each episode with the chat template (system prompts, tool schemas, observations,
+     expert actions, the template's own text);
+  2. trains a byte-level BPE on it (Qwen2/Qwen3's pre-tokenizer regex, no normalizer, so any text round-trips:
+     `decode(encode(x)) == x`) and adds Qwen3's added tokens with Qwen3's flags (`<|im_start|>`, `<|im_end|>`,
+     `<|endoftext|>`... special; `<tool_call>`, `<tool_response>`, `<think>`... plain added tokens);
+  3. sets the chat template to Qwen3-4B-Instruct-2507's, read from the installed TRL package
+     (`trl/chat_templates/qwen3_instruct_2507.jinja`), eos = `<|im_end|>`, pad = `<|endoftext|>`, so the
+     tiny model and the real one render conversations, tools and tool calls identically;
+  4. initialises a small `Qwen3ForCausalLM` (see `SIZES`) and saves both with `save_pretrained`, loadable by
+     the same `load_model` that real models go through.
+
+Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-trips exactly), and a vocab of
+~3k instead of 151k. A recipe's `model = "tiny"` builds it once under the run's cache (`resolve_model`).
+
+    python -c "from turnforge.models import build_tiny_model; print(build_tiny_model('runs/tiny'))"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from turnforge.models.chat import trl_chat_template
+
+CHAT_TEMPLATE = "qwen3_instruct_2507.jinja"
+"""The TRL file whose text becomes the tiny tokenizer's chat template (Qwen3-4B-Instruct-2507's)."""
+
+# Qwen3's added tokens in Qwen3's order (ids 151643-151668 there, the last ids here), and whether each is special.
+QWEN3_ADDED_TOKENS: list[tuple[str, bool]] = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+]
+
+# Qwen2 / Qwen3's pre-tokenizer split (tokenizer.json of Qwen/Qwen3-4B-Instruct-2507).
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class TinySize:
+    """The shape of one tiny model (embeddings tied to the output head, as in Qwen3-4B)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+
+SIZES: dict[str, TinySize] = {
+    "tiny": TinySize(256, 512, 4, 4, 2, 64),  # 2.6 M parameters with the household vocab (963): the default
+    "small": TinySize(384, 896, 6, 6, 2, 64),  # 8.9 M parameters with the household vocab
+}
+VOCAB_SIZE = 3072
+"""Vocab cap (BPE merges + byte alphabet + Qwen3's 26 added tokens). BPE stops once every word of the corpus is
+one token, so the household corpus gives 963: its language is small."""
+MAX_POSITIONS = 4096
+"""RoPE context of the tiny model: room for a 50-step household episode in the tool_call format."""
+CORPUS_TASKS = 300
+"""Expert episodes per (grammar, format) variant in the tokenizer corpus."""
+CORPUS_FORMATS = ("act_line", "tool_call")
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    env: str = "household",
+    size: str = "tiny",
+    env_options: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Path:
+    """Build the tokenizer and a random Qwen3 of `size` ("tiny" | "small") into `out_dir`; returns it.
+
+    The files are written to a temporary folder next to `out_dir` and moved in place at the end, so a killed
+    build never leaves a half-written model behind.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}; choose one of: {', '.join(SIZES)}")
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(env_corpus(env, env_options or {}))
+    model = tiny_model(tokenizer, size, seed)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "turnforge_tiny.json").write_text(
+            json.dumps({"env": env, "size": size, "env_options": env_options or {}, "seed": seed,
+                        "chat_template": f"trl/chat_templates/{CHAT_TEMPLATE}",
+                        "parameters": model.num_parameters()}, indent=2) + "\n"
+        )
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def env_corpus(env: str, env_options: dict[str, Any]) -> Iterator[str]:
+    """Rendered expert episodes (chat template text) for every grammar and format the env offers."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from turnforge.envs.base import get_env_spec, load_tasks, make_env
+    from turnforge.policies.scripted import ExpertPolicy
+    from turnforge.rollout import run_episodes
+
+    spec = get_env_spec(env)
+    template = trl_chat_template(CHAT_TEMPLATE)
+    split = "train" if "train" in spec.splits else spec.splits[0]
+    tasks = load_tasks(env, split, limit=CORPUS_TASKS)
+    for variant in _variants(spec, env_options):
+        trajs = run_episodes(ExpertPolicy(), lambda variant=variant: make_env(env, **variant), tasks, 1)
+        for traj in trajs:
+            text, _ = render_jinja_template(
+                conversations=[[m.to_dict() for m in traj.messages]], tools=traj.tools,
+                chat_template=template, add_generation_prompt=True,
+            )
+            yield text[0]
+
+
+def _variants(spec: Any, env_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """One env option set per (grammar, format) the env accepts; the caller's options win."""
+    options = {o.name: o for o in spec.options}
+    grammars = list(options["grammar"].choices or ()) if "grammar" in options else [None]
+    formats = [f for f in CORPUS_FORMATS if "format" in options and f in (options["format"].choices or ())] or [None]
+    variants = []
+    for grammar in grammars:
+        for fmt in formats:
+            variant = {k: v for k, v in (("grammar", grammar), ("format", fmt)) if v is not None}
+            variant |= env_options
+            if variant not in variants:
+                variants.append(variant)
+    return variants
+
+
+def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
+    """A byte-level BPE on `texts` with Qwen3's added tokens and chat template, as a transformers tokenizer."""
+    import re
+
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    added = [token for token, _ in QWEN3_ADDED_TOKENS]
+    splitter = re.compile("|".join(re.escape(t) for t in added))
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(added),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte: any text encodes
+        show_progress=False,
+    )
+    # The added tokens are cut out of the corpus: they are single ids, never BPE pieces.
+    bpe.train_from_iterator((piece for text in texts for piece in splitter.split(text) if piece), trainer)
+    bpe.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in QWEN3_ADDED_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=[t for t, special in QWEN3_ADDED_TOKENS if special and t not in
+                              ("<|endoftext|>", "<|im_end|>")],
+        model_max_length=MAX_POSITIONS,
+        clean_up_tokenization_spaces=False,
+        chat_template=trl_chat_template(CHAT_TEMPLATE),
+    )
+
+
+def tiny_config(size: str, vocab_size: int, eos_token_id: int | None = None, pad_token_id: int | None = None) -> Any:
+    """The `Qwen3Config` of a tiny model (tied embeddings like Qwen3-4B)."""
+    from transformers import Qwen3Config
+
+    if size not in SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}; choose one of: {', '.join(SIZES)}")
+    shape = SIZES[size]
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        dtype="float32",
+    )
+
+
+def tiny_model(tokenizer: Any, size: str, seed: int) -> Any:
+    """A randomly initialised `Qwen3ForCausalLM` sized for `tokenizer`, stopping at `<|im_end|>` or `<|endoftext|>`."""
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    end, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    config = tiny_config(size, len(tokenizer), eos_token_id=end, pad_token_id=pad)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    # As Qwen3-4B-Instruct-2507's generation_config.json: both end tokens stop generation.
+    model.generation_config = GenerationConfig(eos_token_id=[end, pad], pad_token_id=pad, bos_token_id=None)
+    return model

@@ -1,0 +1,205 @@
+"""hf: a transformers model generating for many episodes at once (left-padded batched `generate`, KV cache).
+
+The rollout hands over each episode's exact prompt ids (`Prompt.ids`, built by this policy's `renderer`);
+the reply comes back as the sampled ids, their log-probabilities, the decoded text and a finish reason:
+
+- "stop": the end-of-turn token (`<|im_end|>`, or another of the model's `generation_config.eos_token_id`),
+  which is kept as the last id, or a stop string: the ids are cut after the first token that completes it
+  and the text keeps it (as HF's `stop_strings` and vLLM's `include_stop_str_in_output` do), so the text is
+  always exactly the decoded ids.
+- "length": `max_new_tokens` ran out.
+
+Log-probabilities are those of the sampled tokens under the temperature-scaled model distribution,
+log_softmax(logits / T) — before top-k / top-p truncation, which is what TRL's GRPO recomputes in training
+(`logits / temperature`); greedy decoding (T = 0) reports log_softmax(logits). They are recorded during
+generation by a logits processor (one vocab-sized row per sequence alive, not the whole `output_logits`).
+
+    turnforge eval --env household --policy hf --model runs/quickstart/sft/model --tasks 20 --out runs/eval
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from turnforge.models.chat import ChatTemplateRenderer, window_messages
+from turnforge.models.loading import load_model
+from turnforge.policies.base import Generation, Prompt, SamplingParams
+
+# Generation settings the model's own generation_config.json must not slip in (HF fills unset fields from it,
+# e.g. Qwen3's top_k=20): sampling is configured here, in `_processors`, and nowhere else.
+_NEUTRAL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repetition_penalty=1.0,
+                no_repeat_ngram_size=0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+
+
+class HFPolicy:
+    """Generate with a Hugging Face causal LM (a local folder, a Hub id, or a PEFT adapter folder)."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        window: int | None = None,
+        batch_size: int = 64,
+        adapter: str | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.model_id = str(model)
+        self.model, self.tokenizer = load_model(model, dtype=dtype, device=device, adapter=adapter)
+        self.model.eval()
+        self.renderer = ChatTemplateRenderer(self.tokenizer, window=window)
+        self.batch_size = batch_size
+        eos = self.model.generation_config.eos_token_id
+        extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.stop_ids = sorted({self.tokenizer.eos_token_id, *extra})
+        self._calls = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding)."""
+        _check_params(params)
+        ids = [p.ids if p.ids is not None else self._render(p) for p in prompts]
+        # A different seed per call: the same seed every round would replay the same random draws each turn.
+        torch.manual_seed(params.seed + self._calls)
+        self._calls += 1
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[Generation | None] = [None] * len(ids)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, gen in zip(chunk, self._generate_batch([ids[i] for i in chunk], params), strict=True):
+                out[i] = gen
+        return out  # type: ignore[return-value]
+
+    def _render(self, prompt: Prompt) -> list[int]:
+        return self.renderer.prompt_ids(window_messages(prompt.messages, self.renderer.window), prompt.tools)
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        width = max(len(p) for p in prompts)
+        if width == 0:
+            raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        recorder = SampledLogprobs()
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=params.temperature > 0,
+            eos_token_id=self.stop_ids,
+            pad_token_id=pad,
+            stop_strings=list(params.stop) or None,
+            **_NEUTRAL,
+        )
+        sequences = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            logits_processor=_processors(params, recorder),
+            tokenizer=self.tokenizer if params.stop else None,
+        )
+        new = sequences[:, width:]
+        logprobs = recorder.logprobs(new).tolist()
+        return [self._finish(row, lp, params.stop) for row, lp in zip(new.tolist(), logprobs, strict=True)]
+
+    def _finish(self, ids: list[int], logprobs: list[float], stop: Sequence[str]) -> Generation:
+        ids, finish = cut_generation(ids, self.stop_ids, stop, self.tokenizer.decode)
+        text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in self.stop_ids else ids
+        return Generation(
+            text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
+            ids=ids,
+            logprobs=logprobs[: len(ids)],
+            finish_reason=finish,
+        )
+
+
+def cut_generation(ids: list[int], stop_ids: Sequence[int], stop: Sequence[str], decode) -> tuple[list[int], str]:
+    """(the generated ids, finish reason) from one padded row of `generate`'s output.
+
+    Cut after the first stop id ("stop"), else after the first token whose text completes a stop string
+    ("stop"), else the whole row ("length"). `decode(ids) -> str` finds the stop strings.
+
+    >>> cut_generation([5, 6, 2, 0, 0], stop_ids=[2, 0], stop=[], decode=None)
+    ([5, 6, 2], 'stop')
+    """
+    stops = set(stop_ids)
+    end = next((k for k, t in enumerate(ids) if t in stops), None)
+    if end is not None:
+        return ids[: end + 1], "stop"
+    if stop and any(s in decode(ids) for s in stop):
+        # The shortest prefix whose text holds a stop string (the predicate only turns on as ids are added).
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in decode(ids[:mid]) for s in stop):
+                hi = mid
+            else:
+                lo = mid + 1
+        return ids[:lo], "stop"
+    return ids, "length"
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records log_softmax of the scores it sees; the next step's input reveals which token was sampled.
+
+    Placed after the temperature warper and before top-k / top-p, so it sees logits / T. Only the last step's
+    distribution is held (batch x vocab); `logprobs(new_ids)` gathers the final token's after generation.
+    """
+
+    def __init__(self) -> None:
+        self.previous: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def logprobs(self, new_ids: torch.Tensor) -> torch.Tensor:
+        """[batch, new tokens] log-probabilities of `new_ids` (the generated part of the sequences)."""
+        if self.previous is None or new_ids.shape[1] == 0:
+            return torch.zeros(new_ids.shape, dtype=torch.float32)
+        last = self.previous.gather(1, new_ids[:, -1:]).squeeze(1)
+        return torch.stack([*self.steps, last], dim=1).cpu()
+
+
+def _processors(params: SamplingParams, recorder: SampledLogprobs) -> LogitsProcessorList:
+    """Temperature, the log-prob recorder, then top-k and top-p (greedy: the recorder alone)."""
+    if params.temperature == 0:
+        return LogitsProcessorList([recorder])
+    out: list[LogitsProcessor] = []
+    if params.temperature != 1.0:
+        out.append(TemperatureLogitsWarper(params.temperature))
+    out.append(recorder)
+    if params.top_k > 0:
+        out.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        out.append(TopPLogitsWarper(params.top_p))
+    return LogitsProcessorList(out)
+
+
+def _check_params(params: SamplingParams) -> None:
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")

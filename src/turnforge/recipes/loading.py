@@ -1,0 +1,422 @@
+"""Load a recipe: TOML -> overrides (`--model`, `--set`) -> typed tables -> cross-stage checks -> `Recipe`.
+
+Every problem is collected and reported at once, each as `FILE:LINE: key.path: what is wrong`, before
+anything runs. Stages are addressed by id (`stages.sft.learning_rate`, `stages.eval-base.tasks`), by a
+unique name (`stages.base.tasks`) or by position from 0 (`stages.1.learning_rate`), in `--set` and in
+error messages alike.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from turnforge.recipes.schema import (
+    STAGE_KINDS,
+    EnvConfig,
+    ModelConfig,
+    RolloutStage,
+    SFTStageConfig,
+    StageConfig,
+    lora_spec_class,
+    stage_class,
+)
+from turnforge.recipes.toml_text import Loc, dump_toml, key_line
+
+TOP_LEVEL_KEYS = ("name", "description", "model", "env", "stages")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message lists every problem with its file, line and key."""
+
+
+@dataclass
+class Recipe:
+    """A validated recipe. `model_source(i)` / `data_sources(i)` say which earlier stages stage i reads."""
+
+    name: str
+    description: str
+    model: ModelConfig
+    env: EnvConfig
+    stages: list[StageConfig]
+    source: Path | None = None
+
+    def env_options(self) -> dict[str, Any]:
+        """The env's options with `format` folded in, as `make_env` takes them."""
+        return {**self.env.options, **({"format": self.env.format} if self.env.format else {})}
+
+    def model_source(self, index: int) -> str | None:
+        """Id of the stage whose model stage `index` uses, or None for the base model ([model])."""
+        stage = self.stages[index]
+        ref = getattr(stage, "model", "base")
+        if ref == "base":
+            return None
+        earlier = [s for s in self.stages[:index] if isinstance(s, SFTStageConfig)]
+        if ref == "latest":
+            return earlier[-1].id if earlier else None
+        return _find(ref, earlier).id
+
+    def data_sources(self, index: int) -> list[str]:
+        """Stage `index`'s data: ids of earlier collect stages, or external specs (hf:..., files) as written."""
+        stage = self.stages[index]
+        earlier = [s for s in self.stages[:index] if s.kind == "collect"]
+        return [_find(d, earlier).id if _find(d, earlier) else d for d in getattr(stage, "data", [])]
+
+    def stage(self, ref: str) -> StageConfig | None:
+        """The stage with id `ref`, else the one named `ref` (if unique), else position `ref` (from 0)."""
+        found = _find(ref, self.stages)
+        if found is None and ref.isdigit() and int(ref) < len(self.stages):
+            return self.stages[int(ref)]
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "model": self.model.model_dump(mode="json"),
+            "env": self.env.model_dump(mode="json"),
+            "stages": [s.model_dump(mode="json") for s in self.stages],
+        }
+
+    def to_toml(self) -> str:
+        """The resolved recipe (every field written out), readable by `load_recipe` again."""
+        return dump_toml(self.to_dict())
+
+
+def _find(ref: str, stages: list[StageConfig]) -> StageConfig | None:
+    by_id = [s for s in stages if s.id == ref]
+    by_name = [s for s in stages if s.name == ref]
+    if by_id:
+        return by_id[0]
+    return by_name[0] if len(by_name) == 1 else None
+
+
+def packaged_recipes() -> dict[str, Path]:
+    """name -> path of the recipes shipped inside the package (src/turnforge/recipes/*.toml)."""
+    here = Path(__file__).parent
+    return {p.stem: p for p in sorted(here.glob("*.toml"))}
+
+
+def find_recipe(spec: str | Path) -> Path:
+    """An existing file, else a packaged recipe by name: "quickstart", "quickstart.toml", "recipes/quickstart.toml"."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    packaged = packaged_recipes()
+    if path.parent in (Path("."), Path("recipes")) and path.stem in packaged and path.suffix in ("", ".toml"):
+        return packaged[path.stem]
+    raise FileNotFoundError(
+        f"no recipe {str(spec)!r}: not a file, nor a packaged recipe ({', '.join(packaged)})"
+    )
+
+
+def load_recipe(
+    spec: str | Path, overrides: list[str] | tuple[str, ...] = (), model: str | None = None
+) -> Recipe:
+    """Read and validate a recipe file (or packaged recipe name), applying `--model` and `--set KEY=VALUE`.
+
+    Raises RecipeError listing every problem; nothing else has happened when it does.
+    """
+    path = find_recipe(spec)
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise RecipeError(f"{path}: not valid TOML: {e}") from None
+    return parse_recipe(raw, text=text, source=path, overrides=overrides, model=model)
+
+
+def parse_recipe(
+    raw: dict[str, Any],
+    text: str = "",
+    source: Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    model: str | None = None,
+) -> Recipe:
+    """Validate an already-read recipe dict (see `load_recipe`)."""
+    report = _Problems(text, source)
+    for pair in overrides:
+        _apply_override(raw, pair, report)
+    if model is not None:
+        model_table = raw.setdefault("model", {})
+        if isinstance(model_table, dict):
+            model_table["name"] = model
+            report.set_by[("model", "name")] = f"--model {model}"
+    report.raise_if_any()
+    report.stage_ids = _unique_ids(raw.get("stages"))
+
+    for key in raw:
+        if key not in TOP_LEVEL_KEYS:
+            report.add((key,), f"unknown key; a recipe has {', '.join(TOP_LEVEL_KEYS)}")
+    model_cfg = _validate(ModelConfig, raw.get("model", {}), ("model",), report)
+    env_cfg = _validate(EnvConfig, raw.get("env", {}), ("env",), report)
+    stages = _validate_stages(raw.get("stages", []), model_cfg, report)
+    name = raw.get("name", source.stem if source else "recipe")
+    description = raw.get("description", "")
+    for key, value in (("name", name), ("description", description)):
+        if not isinstance(value, str):
+            report.add((key,), f"must be a string (got {value!r})")
+    # Cross-table checks run on what is valid so far, so that one pass reports every problem.
+    recipe = Recipe(name, description, model_cfg or ModelConfig(), env_cfg or EnvConfig(), stages, source)
+    if env_cfg is not None:
+        _check_env(recipe, report)
+    _check_stages(recipe, report)
+    report.raise_if_any()
+    _inherit_windows(recipe)
+    return recipe
+
+
+def _validate(cls: type[BaseModel], data: Any, loc: Loc, report: _Problems) -> Any:
+    if not isinstance(data, dict):
+        report.add(loc, f"must be a table (got {data!r})")
+        return None
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        report.add_validation(e, loc, cls)
+        return None
+
+
+def _validate_stages(raw_stages: Any, model_cfg: ModelConfig | None, report: _Problems) -> list[Any]:
+    """The typed stages, None in the place of each invalid one (so positions match the file)."""
+    if not isinstance(raw_stages, list) or not raw_stages:
+        report.add(("stages",), "a recipe needs at least one [[stages]] table")
+        return []
+    stages = []
+    for i, data in enumerate(raw_stages):
+        loc: Loc = ("stages", i)
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind not in STAGE_KINDS:
+            report.add((*loc, "kind"), f"unknown stage kind {kind!r}; kinds are {', '.join(STAGE_KINDS)}")
+            stages.append(None)
+            continue
+        if kind == "sft" and "lora" not in data and model_cfg is not None and model_cfg.lora is not None:
+            data = {**data, "lora": model_cfg.lora}
+        stages.append(_validate(stage_class(kind), data, loc, report))
+    if model_cfg is not None and model_cfg.lora is not None:
+        _validate_lora(model_cfg.lora, report)
+    return stages
+
+
+def _validate_lora(lora: dict[str, Any], report: _Problems) -> None:
+    try:
+        from pydantic import TypeAdapter
+
+        TypeAdapter(lora_spec_class()).validate_python(lora)
+    except ValidationError as e:
+        report.add_validation(e, ("model", "lora"), None)
+
+
+def _check_env(recipe: Recipe, report: _Problems) -> None:
+    from turnforge.envs.base import get_env_spec
+
+    try:
+        spec = get_env_spec(recipe.env.name)
+    except ValueError as e:
+        report.add(("env", "name"), str(e))
+        return
+    if recipe.env.format is not None and "format" in recipe.env.options:
+        report.add(("env", "format"), "set either env.format or env.options.format, not both")
+    coerced = {}
+    for key, value in recipe.env_options().items():
+        loc = ("env", "format") if key == "format" and recipe.env.format else ("env", "options", key)
+        try:
+            # Strings, like the CLI's --env-opt: the env coerces and checks them (TOML 0.3 -> "0.3").
+            coerced |= spec.coerce_options({key: value if isinstance(value, str) else _toml_scalar(value)})
+        except ValueError as e:
+            report.add(loc, str(e))
+    recipe.env.options = {k: v for k, v in coerced.items() if not (k == "format" and recipe.env.format)}
+    for i, stage in enumerate(recipe.stages):
+        if isinstance(stage, RolloutStage) and spec.splits and stage.split not in spec.splits:
+            splits = ", ".join(spec.splits)
+            report.add(
+                ("stages", i, "split"), f"env {spec.name!r} has no split {stage.split!r}; splits are {splits}"
+            )
+
+
+def _toml_scalar(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _check_stages(recipe: Recipe, report: _Problems) -> None:
+    """Unique ids; `model` and `data` name earlier stages of the right kind (invalid stages are None here)."""
+    seen: dict[str, int] = {}
+    complete = None not in recipe.stages  # references into an invalid stage would only repeat its error
+    for i, stage in enumerate(recipe.stages):
+        if stage is None:
+            continue
+        if stage.id in seen:
+            report.add(
+                ("stages", i, "name"), f"stage id {stage.id!r} is already used by stages[{seen[stage.id]}]"
+            )
+        seen.setdefault(stage.id, i)
+        earlier = [s for s in recipe.stages[:i] if s is not None]
+        models = [s for s in earlier if isinstance(s, SFTStageConfig)]
+        ref = getattr(stage, "model", None)
+        if complete and ref not in (None, "base", "latest") and _find(ref, models) is None:
+            names = ", ".join(["base", "latest", *(s.id for s in models)])
+            report.add(("stages", i, "model"), f"no earlier sft stage is called {ref!r}; use one of {names}")
+        collects = [s for s in earlier if s.kind == "collect"]
+        for j, data in enumerate(getattr(stage, "data", [])):
+            if complete and _find(data, collects) is None and not _is_external_data(data, recipe.source):
+                names = ", ".join(s.id for s in collects) or "none"
+                report.add(
+                    ("stages", i, "data", j),
+                    f"{data!r} is no earlier collect stage ({names}), hf:DATASET or existing file",
+                )
+
+
+def _is_external_data(spec: str, source: Path | None) -> bool:
+    if spec.startswith("hf:"):
+        return True
+    path = Path(spec)
+    return path.exists() or (
+        source is not None and not path.is_absolute() and (source.parent / path).exists()
+    )
+
+
+def _inherit_windows(recipe: Recipe) -> None:
+    """hf rollouts without a window use the one their model was trained with (base: the first sft stage's)."""
+    sft = {s.id: s for s in recipe.stages if isinstance(s, SFTStageConfig)}
+    first = next(iter(sft.values()), None)
+    for i, stage in enumerate(recipe.stages):
+        if isinstance(stage, RolloutStage) and stage.policy == "hf" and stage.window is None:
+            source = recipe.model_source(i)
+            trained = sft[source] if source is not None else first
+            stage.window = getattr(trained, "window", None) if trained is not None else None
+
+
+def _apply_override(raw: dict, pair: str, report: _Problems) -> None:
+    """`stages.sft.learning_rate=1e-4`: the value is read as TOML (1e-4, true, [1, 2], "x"), else as a string."""
+    key, sep, text = pair.partition("=")
+    parts = [p.strip() for p in key.split(".")]
+    if not sep or not all(parts):
+        report.add_message(f"--set {pair!r} is not KEY.PATH=VALUE (e.g. --set stages.sft.learning_rate=1e-4)")
+        return
+    value = _read_value(text.strip())
+    target: Any = raw
+    loc: Loc = ()
+    for depth, part in enumerate(parts[:-1]):
+        if loc == ("stages",):
+            index = _stage_index(raw.get("stages", []), part)
+            if index is None:
+                report.add_message(f"--set {pair}: no stage {part!r}; stages are {_stage_ids(raw)}")
+                return
+            target, loc = target[index], (*loc, index)
+            continue
+        nxt = target.setdefault(part, {}) if isinstance(target, dict) else None
+        if not isinstance(nxt, dict | list):
+            report.add_message(f"--set {pair}: {'.'.join(parts[: depth + 1])} is not a table")
+            return
+        target, loc = nxt, (*loc, part)
+    if not isinstance(target, dict):
+        report.add_message(f"--set {pair}: {'.'.join(parts[:-1])} is not a table")
+        return
+    target[parts[-1]] = value
+    report.set_by[(*loc, parts[-1])] = f"--set {pair}"
+
+
+def _read_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word or path: Qwen/Qwen3-4B, cpu, ...
+
+
+def _raw_id(stage: Any) -> str | None:
+    if not isinstance(stage, dict):
+        return None
+    kind = stage.get("kind")
+    name = stage.get("name", kind)
+    return kind if name == kind else f"{kind}-{name}"
+
+
+def _unique_ids(stages: Any) -> dict[int, str]:
+    """Position -> id of the raw stages, when every id is known and unique (else errors say stages[i])."""
+    if not isinstance(stages, list):
+        return {}
+    ids = [_raw_id(s) for s in stages]
+    ok = all(isinstance(s, dict) and s.get("kind") in STAGE_KINDS for s in stages) and len(set(ids)) == len(
+        ids
+    )
+    return dict(enumerate(ids)) if ok else {}
+
+
+def _stage_ids(raw: dict) -> str:
+    return ", ".join(str(_raw_id(s)) for s in raw.get("stages", []))
+
+
+def _stage_index(stages: list, ref: str) -> int | None:
+    ids = [_raw_id(s) for s in stages]
+    names = [s.get("name", s.get("kind")) if isinstance(s, dict) else None for s in stages]
+    if ref in ids:
+        return ids.index(ref)
+    if names.count(ref) == 1:
+        return names.index(ref)
+    if ref.isdigit() and int(ref) < len(stages):
+        return int(ref)
+    return None
+
+
+def _nested(inner: Loc, outer: Loc) -> bool:
+    return inner[: len(outer)] == outer
+
+
+@dataclass
+class _Problems:
+    """Problems found so far, rendered as `FILE:LINE: key.path: message` lines."""
+
+    text: str
+    source: Path | None
+    set_by: dict[Loc, str] = field(default_factory=dict)
+    stage_ids: dict[int, str] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, loc: Loc, message: str) -> None:
+        # The override that set this key, a table around it, or (for a table-wide error) a key inside it.
+        override = next(
+            (pair for key, pair in self.set_by.items() if _nested(loc, key) or _nested(key, loc)), None
+        )
+        if override is not None:
+            where = override
+        else:
+            line = key_line(self.text, loc)
+            where = f"{self.source or '<recipe>'}" + (f":{line}" if line else "")
+        self.lines.append(f"{where}: {self._path(loc)}: {message}")
+
+    def add_message(self, message: str) -> None:
+        self.lines.append(message)
+
+    def add_validation(self, error: ValidationError, prefix: Loc, cls: type[BaseModel] | None) -> None:
+        for e in error.errors():
+            loc = (*prefix, *e["loc"])
+            if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+                allowed = f"; {prefix[-1] if isinstance(prefix[-1], str) else 'this stage'} accepts: "
+                known = ", ".join(cls.model_fields) if cls is not None and len(e["loc"]) == 1 else ""
+                self.add(loc, "unknown key" + (allowed + known if known else ""))
+            elif e["type"] == "missing":
+                self.add(loc, "required key is missing")
+            else:
+                message = e["msg"].removeprefix("Value error, ")
+                shown = "" if isinstance(e["input"], dict) else f" (got {e['input']!r})"
+                self.add(loc, message + shown)
+
+    def _path(self, loc: Loc) -> str:
+        """("stages", 1, "lr") -> "stages.sft.lr" when stage 1's id is known, else "stages[1].lr"."""
+        out = ""
+        for i, part in enumerate(loc):
+            if isinstance(part, int):
+                stage_id = self.stage_ids.get(part) if loc[:i] == ("stages",) else None
+                out += f".{stage_id}" if stage_id else f"[{part}]"
+            else:
+                out += f".{part}" if out else part
+        return out
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            where = self.source or "recipe"
+            raise RecipeError(f"{where} is not a valid recipe:\n  " + "\n  ".join(self.lines))

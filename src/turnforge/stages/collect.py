@@ -1,0 +1,35 @@
+"""Stage `collect`: roll a policy out on a split and keep the episodes as training data.
+
+A collect stage is an evaluation (`stages/eval.py`, resumable episode by episode) whose episodes file
+becomes `stages/NN-<id>/trajectories.jsonl` when it is complete: one Trajectory JSON line per episode,
+successes and failures alike (choosing among them is the consuming stage's job). `summary.json` beside it
+says how well the collecting policy did.
+
+    turnforge run recipes/quickstart.toml --out runs/qs      # stage 01-collect: 1500 expert episodes on train
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from turnforge.eval.runner import EPISODES_FILE
+from turnforge.recipes import CollectStage
+from turnforge.stages.context import RunContext
+from turnforge.stages.eval import run_rollouts
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
+
+
+def run_collect(stage: CollectStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+    episodes, trajectories = stage_dir / EPISODES_FILE, stage_dir / TRAJECTORIES_FILE
+    if trajectories.exists() and not episodes.exists():
+        os.replace(trajectories, episodes)  # killed after the rename, before done.json: resume from it
+    summary = run_rollouts(stage, index, stage_dir, ctx)
+    os.replace(episodes, trajectories)
+    return {
+        "trajectories": ctx.relative(trajectories),
+        "episodes": summary["n_episodes"],
+        "success": summary["success"],
+    }

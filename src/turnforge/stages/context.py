@@ -1,0 +1,77 @@
+"""What a stage knows about its run: the recipe, the run directory, and the models earlier stages made."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from turnforge.recipes import Recipe
+
+MODELS_DIR = "models"  # OUT/models/tiny: the offline tiny model, built on first use
+
+
+@dataclass
+class ModelRef:
+    """A model a stage can load: a path or hub id, plus a LoRA adapter folder when it was saved unmerged."""
+
+    path: str
+    adapter: str | None = None
+
+
+@dataclass
+class RunContext:
+    """Shared by the stages of one `run_recipe` call. `models` maps an sft stage id to the model it made."""
+
+    recipe: Recipe
+    out_dir: Path
+    models: dict[str, ModelRef] = field(default_factory=dict)
+    base_build_s: float | None = None
+    _base: ModelRef | None = None
+
+    def model(self, stage_id: str | None) -> ModelRef:
+        """The model made by stage `stage_id`, or the base model ([model]) for None."""
+        if stage_id is None:
+            return self.base_model()
+        return self.models[stage_id]
+
+    def base_model(self) -> ModelRef:
+        """[model] name, resolved once: "tiny" is built into OUT/models/tiny (no download), others pass through."""
+        if self._base is None:
+            from turnforge.models import resolve_model  # imports torch: only when a stage needs a model
+
+            started = time.perf_counter()
+            self._base = ModelRef(resolve_model(self.recipe.model.name, self.out_dir / MODELS_DIR))
+            self.base_build_s = time.perf_counter() - started
+        return self._base
+
+    def relative(self, path: Path) -> str:
+        """A path inside the run directory as written in done.json (relative, so a run dir can move)."""
+        return str(Path(path).relative_to(self.out_dir))
+
+    def absolute(self, path: str) -> Path:
+        return self.out_dir / path
+
+    def stage_dir(self, stage_id: str) -> Path:
+        """The folder of the stage with id `stage_id` (stages/NN-<id>)."""
+        index = next(i for i, s in enumerate(self.recipe.stages) if s.id == stage_id)
+        return self.out_dir / stage_folder(index, stage_id)
+
+    def registered(self, stage_id: str, result: dict[str, Any]) -> None:
+        """Remember the model a finished (or skipped) stage made, from its done.json result."""
+        if "model" in result:
+            model = str(self.absolute(result["model"]))
+            if result.get("adapter"):
+                index = next(i for i, s in enumerate(self.recipe.stages) if s.id == stage_id)
+                self.models[stage_id] = ModelRef(self.model(self.recipe.model_source(index)).path, model)
+            else:
+                self.models[stage_id] = ModelRef(model)
+
+
+STAGES_DIR = "stages"
+
+
+def stage_folder(index: int, stage_id: str) -> str:
+    """The folder of stage `index`: "stages/01-collect" for the first (numbered from 01, in recipe order)."""
+    return f"{STAGES_DIR}/{index + 1:02d}-{stage_id}"

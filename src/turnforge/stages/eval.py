@@ -1,0 +1,60 @@
+"""Stage `eval`: evaluate a policy on a split; writes OUT/eval/<name>/{episodes.jsonl,summary.json}.
+
+The episodes run through `turnforge.eval.runner.run_eval`, so an eval stage is exactly
+`turnforge eval ... --out OUT/eval/<name>` and resumes the same way (finished episodes are kept).
+With `policy = "hf"` the model is the one the stage's `model` names (base, latest, or an sft stage), with
+the stage's sampling settings and history window.
+
+    turnforge run recipes/quickstart.toml --out runs/qs      # stages 03-eval-base and 04-eval-sft
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from turnforge.eval.runner import SUMMARY_FILE, run_eval
+from turnforge.recipes import EvalStage, RolloutStage
+from turnforge.rollout import RolloutLimits
+from turnforge.stages.context import RunContext
+
+EVAL_DIR = "eval"
+
+
+def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+    out = ctx.out_dir / EVAL_DIR / stage.name
+    summary = run_rollouts(stage, index, out, ctx)
+    return {
+        "summary": ctx.relative(out / SUMMARY_FILE),
+        "success": summary["success"],
+        "n_episodes": summary["n_episodes"],
+    }
+
+
+def run_rollouts(stage: RolloutStage, index: int, out: Path, ctx: RunContext) -> dict[str, Any]:
+    """Episodes of `stage.policy` on `stage.split` into `out` (resumable); returns the eval summary."""
+    model_path, model_options = None, {}
+    if stage.policy == "hf":  # scripted policies take no model and no sampling settings
+        model = ctx.model(ctx.recipe.model_source(index))
+        model_path = model.path
+        policy_options = {
+            "adapter": model.adapter,
+            "window": stage.window,
+            "device": ctx.recipe.model.device,
+            "dtype": ctx.recipe.model.dtype,
+            "batch_size": stage.batch_size,
+        }
+        model_options = {"params": stage.sampling(), "policy_options": policy_options}
+    return run_eval(
+        env=ctx.recipe.env.name,
+        env_options=ctx.recipe.env_options(),
+        policy_spec=stage.policy,
+        split=stage.split,
+        n_tasks=stage.tasks,
+        samples=stage.samples,
+        seed=stage.seed,
+        out_dir=out,
+        model=model_path,
+        limits=RolloutLimits(max_turns=stage.max_turns, max_open=stage.batch_size),
+        **model_options,
+    )

@@ -1,0 +1,138 @@
+"""The hf policy on the tiny (untrained) model: batched sampling, exact ids and log-probs, stops, rollouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from turnforge.data.sft import trajectory_examples
+from turnforge.envs.base import load_tasks, make_env
+from turnforge.models.chat import window_messages
+from turnforge.policies import make_policy
+from turnforge.policies.base import Prompt, SamplingParams
+from turnforge.policies.hf import HFPolicy, cut_generation
+from turnforge.rollout import RolloutLimits, run_episodes
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir) -> HFPolicy:
+    return HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return load_tasks("household", "test", limit=3)
+
+
+def prompts_of(policy: HFPolicy, tasks, fmt="act_line") -> list[Prompt]:
+    """First prompts of `tasks` (different lengths: left padding matters)."""
+    out = []
+    for task in tasks:
+        env = make_env("household", format=fmt)
+        messages = env.reset(task)
+        ids = policy.renderer.prompt_ids(messages, env.tools())
+        out.append(Prompt(messages=messages, task=task, sample=0, turn=0, ids=ids, tools=env.tools(), env=env))
+    return out
+
+
+def model_logprobs(policy: HFPolicy, prompt: list[int], generated: list[int], temperature: float) -> list[float]:
+    """log_softmax(logits / T) of each generated token, from one unpadded forward pass."""
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logp.gather(1, torch.tensor(generated)[:, None]).squeeze(1).tolist()
+
+
+@pytest.mark.parametrize("fmt", ["act_line", "tool_call"])
+def test_rollout_ids_are_prompt_generated_and_deltas_and_the_mask_marks_the_generated(policy, tasks, fmt):
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=0)
+    trajs = run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 2, RolloutLimits(max_turns=3), params)
+    assert len(trajs) == 6 and all(t.model == "hf" for t in trajs)
+    eos = policy.tokenizer.eos_token_id
+    for traj in trajs:
+        assert traj.prompt_ids == policy.renderer.prompt_ids(traj.messages[:2], traj.tools)
+        ids, generated_at = list(traj.prompt_ids), []
+        for k, turn in enumerate(traj.turns):
+            assert 0 < len(turn.generated_ids) <= 12 and len(turn.logprobs) == len(turn.generated_ids)
+            assert all(lp <= 0 for lp in turn.logprobs)
+            assert turn.finish_reason in ("stop", "length")
+            # the text is exactly the decoded ids (without the end-of-turn token)
+            body = turn.generated_ids[:-1] if turn.finish_reason == "stop" else turn.generated_ids
+            assert turn.text == policy.tokenizer.decode(body) == traj.messages[2 + 2 * k].content
+            # a reply cut by length gets its <|im_end|> from the observation delta
+            assert (turn.observation_ids[0] == eos) == (turn.generated_ids[-1] != eos)
+            generated_at += range(len(ids), len(ids) + len(turn.generated_ids))
+            ids += turn.generated_ids + turn.observation_ids
+        [example] = trajectory_examples(traj, policy.tokenizer)
+        assert example.input_ids == ids[: len(example.input_ids)]
+        assert [i for i, m in enumerate(example.completion_mask) if m] == generated_at
+
+
+def test_windowed_rollout_records_each_prompt(tiny_model_dir, tasks):
+    windowed = HFPolicy(str(tiny_model_dir), device="cpu", window=1)
+    params = SamplingParams(max_new_tokens=6, seed=1)
+    trajs = run_episodes(windowed, lambda: make_env("household"), tasks[:2], 1, RolloutLimits(max_turns=3), params)
+    for traj in trajs:
+        assistant_at = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+        for turn, i in zip(traj.turns, assistant_at, strict=True):
+            assert turn.prompt_ids == windowed.renderer.prompt_ids(window_messages(traj.messages[:i], 1), None)
+        examples = trajectory_examples(traj, windowed.tokenizer)
+        assert [e.input_ids for e in examples] == [t.prompt_ids + t.generated_ids for t in traj.turns]
+
+
+@pytest.mark.parametrize("temperature, top_k", [(0.0, 0), (0.7, 5)])
+def test_logprobs_are_the_models_and_left_padding_changes_nothing(policy, tasks, temperature, top_k):
+    prompts = prompts_of(policy, tasks)
+    assert len({len(p.ids) for p in prompts}) > 1
+    params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=8, seed=3)
+    for prompt, gen in zip(prompts, policy.generate(prompts, params), strict=True):
+        expected = model_logprobs(policy, prompt.ids, gen.ids, temperature)
+        assert gen.logprobs == pytest.approx(expected, abs=1e-4)
+        with torch.no_grad():
+            logits = policy.model(input_ids=torch.tensor([prompt.ids + gen.ids])).logits[0, len(prompt.ids) - 1 : -1]
+        ranks = (logits > logits.gather(1, torch.tensor(gen.ids)[:, None])).sum(dim=1)
+        assert ranks.max() < (top_k or 1)  # greedy: the argmax; top-k: within the k best
+    if temperature == 0:  # greedy: the same ids alone as in a left-padded batch
+        alone = [policy.generate([p], params)[0].ids for p in prompts]
+        assert alone == [g.ids for g in policy.generate(prompts, params)]
+
+
+def test_stop_strings_cut_the_reply_after_the_first_match(policy, tasks):
+    params = SamplingParams(max_new_tokens=24, stop=["e"], seed=0)
+    gens = policy.generate(prompts_of(policy, tasks) * 3, params)
+    stopped = [g for g in gens if g.finish_reason == "stop" and g.ids[-1] not in policy.stop_ids]
+    assert stopped  # an untrained model writes an "e" within 24 tokens nearly always
+    for g in stopped:
+        assert "e" in g.text and "e" not in policy.tokenizer.decode(g.ids[:-1]) and len(g.logprobs) == len(g.ids)
+    assert all("e" not in g.text for g in gens if g.finish_reason == "length")
+
+
+def test_cut_generation():
+    decode = lambda ids: "".join("abcdefgh"[i] for i in ids)  # noqa: E731
+    assert cut_generation([1, 2, 7, 7], stop_ids=[7], stop=[], decode=decode) == ([1, 2, 7], "stop")
+    assert cut_generation([0, 3, 4, 5, 3, 4], stop_ids=[7], stop=["de"], decode=decode) == ([0, 3, 4], "stop")
+    assert cut_generation([0, 1, 2], stop_ids=[7], stop=["x"], decode=decode) == ([0, 1, 2], "length")
+    assert cut_generation([0, 7, 3, 4], stop_ids=[7], stop=["de"], decode=decode) == ([0, 7], "stop")
+
+
+def test_sampling_is_seeded(tiny_model_dir, policy, tasks):
+    params = SamplingParams(max_new_tokens=8, seed=5)
+    again = HFPolicy(str(tiny_model_dir), device="cpu")
+    first = [g.ids for g in HFPolicy(str(tiny_model_dir), device="cpu").generate(prompts_of(policy, tasks), params)]
+    assert first == [g.ids for g in again.generate(prompts_of(policy, tasks), params)]
+    # the next call draws anew
+    assert first != [g.ids for g in again.generate(prompts_of(policy, tasks), params)]
+
+
+def test_make_policy_hf_and_bad_params(tiny_model_dir, policy, tasks):
+    made = make_policy("hf", model=str(tiny_model_dir))
+    assert isinstance(made, HFPolicy) and made.renderer.window is None and made.model_id == str(tiny_model_dir)
+    for bad, message in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+                         ({"top_k": -1}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens")]:
+        with pytest.raises(ValueError, match=message):
+            policy.generate(prompts_of(policy, tasks[:1]), SamplingParams(**bad))
+    # a prompt without ids (a caller that is not the rollout) is rendered by the policy's renderer
+    [prompt] = prompts_of(policy, tasks[:1])
+    greedy = SamplingParams(temperature=0, max_new_tokens=4)
+    assert policy.generate([prompt], greedy)[0].ids == policy.generate([Prompt(**{**vars(prompt), "ids": None})], greedy)[0].ids

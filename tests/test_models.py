@@ -1,0 +1,156 @@
+"""Models: the tiny offline model and tokenizer, load_model with LoRA / adapters, merge_and_save, resolve_model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from peft import PeftModel
+from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+from turnforge.models import LoraSpec, build_tiny_model, load_model, merge_and_save, resolve_model
+from turnforge.models.chat import trl_chat_template
+from turnforge.models.tiny import QWEN3_ADDED_TOKENS, SIZES, tiny_config
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def logits(model, ids=(1, 2, 3, 4, 5)) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([list(ids)])).logits
+
+
+def test_tiny_model_is_a_small_qwen3_with_qwen3s_chat_tokens_and_template(tiny_model_dir, tokenizer):
+    model, loaded = load_model(tiny_model_dir, device="cpu")
+    assert isinstance(model, Qwen3ForCausalLM) and model.dtype == torch.float32
+    assert 1_000_000 <= model.num_parameters() <= 4_000_000
+    assert model.config.vocab_size == len(tokenizer) and model.config.tie_word_embeddings
+    assert loaded.chat_template == trl_chat_template("qwen3_instruct_2507.jinja")
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    assert loaded.padding_side == "left"
+    assert model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    # Qwen3's added tokens are single ids; the <|...|> ones are special, the tool/think tags are not (as in Qwen3)
+    for token, special in QWEN3_ADDED_TOKENS:
+        [token_id] = tokenizer.encode(token)
+        assert (tokenizer.decode([token_id], skip_special_tokens=True) == "") == special, token
+    info = json.loads((tiny_model_dir / "turnforge_tiny.json").read_text())
+    assert info["size"] == "tiny" and info["parameters"] == model.num_parameters()
+    # the household's words are whole tokens: the BPE learned from the env's text
+    assert tokenizer.tokenize(" countertop") == ["Ġcountertop"]
+
+
+def test_tiny_tokenizer_renders_tools_and_tool_calls_like_qwen3(tokenizer):
+    messages = [
+        {"role": "user", "content": "Look."},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "act", "arguments": {"action": "look"}}}]},
+        {"role": "tool", "content": "You see a desk 1."},
+    ]
+    tools = [{"type": "function", "function": {"name": "act", "parameters": {"type": "object"}}}]
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        '{"type": "function", "function": {"name": "act", "parameters": {"type": "object"}}}\n</tools>\n\n'
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+        "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nLook.<|im_end|>\n<|im_start|>assistant\n"
+        '<tool_call>\n{"name": "act", "arguments": {"action": "look"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nYou see a desk 1.\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)["input_ids"]
+    assert tokenizer.decode(ids) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_byte_level_bpe_round_trips_any_text(tokenizer, text):
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_sizes():
+    counts = {}
+    for size in SIZES:
+        with torch.device("meta"):
+            counts[size] = Qwen3ForCausalLM(tiny_config(size, vocab_size=3072)).num_parameters()
+    assert 2_000_000 <= counts["tiny"] <= 4_000_000 and 8_000_000 <= counts["small"] <= 10_500_000, counts
+    with pytest.raises(ValueError, match="unknown tiny model size 'huge'; choose one of: tiny, small"):
+        build_tiny_model("unused", size="huge")
+
+
+def test_lora_trains_only_the_adapter_and_merges_back(tiny_model_dir, tmp_path):
+    model, tokenizer = load_model(tiny_model_dir, device="cpu", lora=LoraSpec(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert isinstance(model, PeftModel)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n and ("q_proj" in n or "v_proj" in n) for n in trainable)
+    with torch.no_grad():  # PEFT starts lora_B at zero; move it so the merge has something to merge
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    expected = logits(model)
+    out = merge_and_save(model, tokenizer, tmp_path / "merged")
+    merged, _ = load_model(out, device="cpu")
+    assert not isinstance(merged, PeftModel) and not any("lora" in n for n, _ in merged.named_parameters())
+    torch.testing.assert_close(logits(merged), expected, atol=1e-5, rtol=1e-4)
+
+    all_linear, _ = load_model(tiny_model_dir, device="cpu", lora=LoraSpec(r=2))
+    adapted = {n.split(".")[-4] for n, p in all_linear.named_parameters() if "lora_A" in n}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def test_an_adapter_loads_on_its_base_or_as_the_model_itself(tiny_model_dir, tmp_path):
+    model, _ = load_model(tiny_model_dir, device="cpu", lora=LoraSpec(r=4, dropout=0.0))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    model.save_pretrained(tmp_path / "adapter")
+    expected = logits(model)
+    for loaded, _ in (
+        load_model(tiny_model_dir, device="cpu", adapter=tmp_path / "adapter"),
+        load_model(tmp_path / "adapter", device="cpu"),
+    ):
+        assert isinstance(loaded, PeftModel)
+        torch.testing.assert_close(logits(loaded), expected)
+    # adapter + lora: the adapter is merged, a fresh one trains on top (starting at zero: same outputs)
+    stacked, _ = load_model(tiny_model_dir, device="cpu", adapter=tmp_path / "adapter", lora=LoraSpec(r=2))
+    assert isinstance(stacked, PeftModel)
+    torch.testing.assert_close(logits(stacked), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_load_model_options_and_errors(tiny_model_dir, tmp_path):
+    model, tokenizer = load_model(str(tiny_model_dir), dtype="bfloat16", device="cpu")
+    assert model.dtype == torch.bfloat16 and tokenizer.pad_token == "<|endoftext|>"
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+        load_model(tiny_model_dir, dtype="fp8")
+    with pytest.raises(FileNotFoundError, match="missing does not exist; give a local folder"):
+        load_model(tmp_path / "missing")  # a path: never tried on the Hub
+    with pytest.raises(FileNotFoundError, match="adapter does not exist"):
+        load_model(tiny_model_dir, adapter="./adapter")
+    for bad, message in [({"r": 0}, "r must be at least 1"), ({"dropout": 1.0}, "dropout"),
+                         ({"target_modules": []}, "target_modules is empty")]:
+        with pytest.raises(ValueError, match=message):
+            LoraSpec(**bad)
+    config = LoraSpec(r=8, alpha=16, dropout=0.1, target_modules=["q_proj"]).to_peft()
+    assert (config.r, config.lora_alpha, config.lora_dropout, config.target_modules) == (8, 16, 0.1, {"q_proj"})
+
+
+def test_resolve_model_builds_tiny_once(tmp_path, monkeypatch):
+    built = []
+
+    def fake_build(out_dir, **_):
+        built.append(out_dir)
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text("{}")
+        return out_dir
+
+    monkeypatch.setattr("turnforge.models.loading.build_tiny_model", fake_build)
+    assert resolve_model("Qwen/Qwen3-4B-Instruct-2507", tmp_path) == "Qwen/Qwen3-4B-Instruct-2507"
+    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")
+    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")
+    assert built == [tmp_path / "tiny"]

@@ -1,0 +1,139 @@
+"""SFT examples: which tokens carry loss (`assistant_mask`), for scripted, token-exact and windowed trajectories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from test_token_exact import ExpertTokenPolicy, chat_ids  # helpers of a sibling test module
+from turnforge.data.sft import SFTExample, assistant_mask, conversation_examples, trajectory_examples
+from turnforge.envs.base import load_tasks, make_env
+from turnforge.models.chat import window_messages
+from turnforge.policies.scripted import ExpertPolicy
+from turnforge.rollout import run_episodes
+
+FORMATS = ["act_line", "tool_call"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return load_tasks("household", "test", limit=4)
+
+
+def expert_trajectories(tasks, fmt):
+    return run_episodes(ExpertPolicy(), lambda: make_env("household", format=fmt), tasks, 1)
+
+
+def masked_spans(tokenizer, example: SFTExample) -> list[str]:
+    """The text of each run of consecutive loss tokens."""
+    spans, current = [], []
+    for token, m in zip(example.input_ids, example.completion_mask, strict=True):
+        if m:
+            current.append(token)
+        elif current:
+            spans, current = [*spans, current], []
+    spans += [current] if current else []
+    return [tokenizer.decode(span) for span in spans]
+
+
+def test_assistant_mask_marks_exactly_the_assistant_ids():
+    example = assistant_mask([1, 2, 3], [([4, 5], [6, 7]), ([8], [9]), ([10, 11], [])])
+    assert example.input_ids == list(range(1, 12))
+    assert example.completion_mask == [0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
+    assert assistant_mask([1, 2], []) == SFTExample([1, 2], [0, 0])
+    assert assistant_mask([], [([3], [])]) == SFTExample([3], [1])
+    assert assistant_mask([1], [([], [2])]) == SFTExample([1, 2], [0, 0])  # an empty reply carries no loss
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rendered_trajectory_masks_the_replies_and_their_end_of_turn(tokenizer, tasks, fmt):
+    for traj in expert_trajectories(tasks, fmt):
+        assert traj.prompt_ids == []  # scripted: no ids, the messages are rendered
+        [example] = trajectory_examples(traj, tokenizer)
+        assert masked_spans(tokenizer, example) == [turn.text + "<|im_end|>" for turn in traj.turns]
+        # the ids are the template's own up to the last reply's <|im_end|> (the conversation's final
+        # observation carries no loss and is left out)
+        last = max(i for i, m in enumerate(traj.messages) if m.role == "assistant")
+        rendered = chat_ids(tokenizer, traj.messages[: last + 1], traj.tools, generation_prompt=False)
+        assert rendered == example.input_ids + tokenizer.encode("\n")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_token_exact_trajectory_keeps_its_ids_and_masks_the_generated_ones(tokenizer, tasks, fmt):
+    policy = ExpertTokenPolicy(tokenizer)
+    for traj in run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1):
+        [example] = trajectory_examples(traj, tokenizer)
+        expected_ids, expected_mask = list(traj.prompt_ids), [0] * len(traj.prompt_ids)
+        for k, turn in enumerate(traj.turns):
+            observation = turn.observation_ids if k + 1 < len(traj.turns) else []
+            expected_ids += turn.generated_ids + observation
+            expected_mask += [1] * len(turn.generated_ids) + [0] * len(observation)
+        assert example == SFTExample(expected_ids, expected_mask)
+        # and a rendering of the same conversation without ids gives the same example
+        traj.prompt_ids = []
+        assert trajectory_examples(traj, tokenizer) == [example]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_with_a_window_one_example_per_turn_with_the_windowed_prompt(tokenizer, tasks, fmt):
+    for traj in expert_trajectories(tasks, fmt):
+        examples = trajectory_examples(traj, tokenizer, window=2)
+        assistant_at = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+        assert len(examples) == len(traj.turns) == len(assistant_at)
+        for example, turn, i in zip(examples, traj.turns, assistant_at, strict=True):
+            prompt = chat_ids(tokenizer, window_messages(traj.messages[:i], 2), traj.tools)
+            completion = tokenizer.encode(turn.text) + [tokenizer.eos_token_id]
+            assert example == SFTExample(prompt + completion, [0] * len(prompt) + [1] * len(completion))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_windowed_rollout_gives_its_recorded_prompt_completion_pairs(tokenizer, tasks, fmt):
+    policy = ExpertTokenPolicy(tokenizer, window=2)
+    for traj in run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1):
+        examples = trajectory_examples(traj, tokenizer)  # the trajectory's own window, whatever is asked
+        assert examples == [
+            SFTExample(t.prompt_ids + t.generated_ids, [0] * len(t.prompt_ids) + [1] * len(t.generated_ids))
+            for t in traj.turns
+        ]
+        # the same pairs as rendering its messages with that window
+        traj.prompt_ids = []
+        assert trajectory_examples(traj, tokenizer, window=2) == examples
+
+
+def test_token_exact_trajectory_with_a_window_renders_windowed_prompts_for_its_generated_ids(tokenizer, tasks):
+    [traj] = run_episodes(ExpertTokenPolicy(tokenizer), lambda: make_env("household"), tasks[:1], 1)
+    examples = trajectory_examples(traj, tokenizer, window=1)
+    assert [e.input_ids[len(e.input_ids) - len(t.generated_ids) :] for e, t in zip(examples, traj.turns, strict=True)] \
+        == [t.generated_ids for t in traj.turns]
+    traj.prompt_ids = []
+    assert trajectory_examples(traj, tokenizer, window=1) == examples
+
+
+def test_conversation_with_structured_tool_calls(tokenizer):
+    call = {"type": "function", "function": {"name": "act", "arguments": json.dumps({"action": "open fridge 1"})}}
+    messages = [
+        {"role": "system", "content": "You are a household agent."},
+        {"role": "user", "content": "Your task is to: cool some apple."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "act", "content": "You open the fridge 1."},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    tools = [make_env("household", format="tool_call").tools()[0]]
+    [example] = conversation_examples(messages, tools, tokenizer)
+    assert masked_spans(tokenizer, example) == [
+        '<tool_call>\n{"name": "act", "arguments": {"action": "open fridge 1"}}\n</tool_call><|im_end|>',
+        "Done.<|im_end|>",
+    ]
+    rendered = tokenizer.apply_chat_template(messages[:5], tools=tools)["input_ids"]
+    assert rendered == example.input_ids + tokenizer.encode("\n")
+    assert conversation_examples(messages[:2], tools, tokenizer) == []
+    with pytest.raises(ValueError, match="must start with a system or user message"):
+        conversation_examples(messages[2:], tools, tokenizer)
