@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -354,6 +355,7 @@ def sft_config(out_dir: Path, settings: SFTSettings) -> SFTConfig:
         bf16=on_gpu and torch.cuda.is_bf16_supported(),
         use_cpu=not on_gpu,
         dataloader_num_workers=0,
+        disable_tqdm=not sys.stderr.isatty(),  # a progress bar per step floods logs and CI output
         # TRL turns gradient checkpointing on; on CPU the models are small and the ~20% recompute is pure loss.
         **{CHECKPOINTING_FIELD: on_gpu},
     )
