@@ -5,7 +5,7 @@ becomes `stages/NN-<id>/trajectories.jsonl` when it is complete: one Trajectory 
 successes and failures alike (choosing among them is the consuming stage's job). `summary.json` beside it
 says how well the collecting policy did.
 
-    turnforge run recipes/quickstart.toml --out runs/qs      # stage 01-collect: 1500 expert episodes on train
+    turnforge run recipes/quickstart.toml --out runs/qs      # stage 01-collect: expert episodes on train
 """
 
 from __future__ import annotations

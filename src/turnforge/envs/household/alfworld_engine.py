@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from turnforge.envs.household.catalog import TASK_TYPES
 from turnforge.envs.household.engine import NOTHING
 from turnforge.envs.household.env import ACTION_TOOL, action_message, action_of, system_text
 from turnforge.formats import get_format
@@ -95,7 +94,7 @@ class AlfWorldEnv:
         self.state = self._env.reset()
         self.steps, self.invalid, self.format_errors, self.won = 0, 0, 0, False
         grammar = "0.4" if "move {o} to {r}" in json.loads(Path(task.data["gamefile"]).read_text())["grammar"] else "0.3"
-        system = system_text(grammar) + "\n\n" + self.format.system_prompt(self.tools())
+        system = system_text(grammar) + "\n\n" + self.format.system_prompt()  # tool schemas go through tools(): the chat template lists them
         return [Message("system", system), Message("user", normalize_observation(self.state.feedback))]
 
     def tools(self) -> list[dict] | None:
@@ -135,5 +134,3 @@ class AlfWorldEnv:
         plan = self.state["policy_commands"] or ["look"]
         return self.action_message(plan[0])
 
-
-CATEGORIES = TASK_TYPES

@@ -9,7 +9,7 @@ ALFWorld evaluations use).
 
 from __future__ import annotations
 
-from turnforge.envs.household.catalog import TASK_TYPES, TRANSFORM_STATE
+from turnforge.envs.household.catalog import TRANSFORM_STATE
 from turnforge.envs.household.engine import NOTHING, World
 from turnforge.envs.household.expert import expert_plan
 from turnforge.envs.household.explorer import Explorer
@@ -102,7 +102,7 @@ class HouseholdEnv:
         self._plan = []
         self._explorer = Explorer()
         self._note_progress()
-        system = system_text(self.grammar) + "\n\n" + self.format.system_prompt(self.tools())
+        system = system_text(self.grammar) + "\n\n" + self.format.system_prompt()  # tool schemas go through tools(): the chat template lists them
         return [Message("system", system), Message("user", self._with_admissible(self.world.intro()))]
 
     def tools(self) -> list[dict] | None:
@@ -218,5 +218,3 @@ class HouseholdEnv:
         names = self.subgoal_names
         return round(sum(n in self.subgoals for n in names) / len(names), 6)
 
-
-TASK_TYPE_NAMES = TASK_TYPES
