@@ -39,7 +39,7 @@ from typing import Any
 from rich.console import Console
 
 from turnforge.eval.report import comparison_table, write_report
-from turnforge.recipes import Recipe, RolloutStage, SFTStageConfig, StageConfig, load_recipe
+from turnforge.recipes import Recipe, RolloutStage, StageConfig, TrainStage, load_recipe
 from turnforge.stages import EVAL_DIR, RUNNERS, RunContext, stage_folder
 from turnforge.stages.context import STAGES_DIR
 
@@ -100,7 +100,7 @@ def run_recipe(
         "wall_s": round(time.perf_counter() - started, 3),
     }
     _write_json(out / SUMMARY_FILE, summary)
-    loss_files = {p.stage.id: p.dir / "metrics.jsonl" for p in plans if isinstance(p.stage, SFTStageConfig)}
+    loss_files = {p.stage.id: p.dir / "metrics.jsonl" for p in plans if isinstance(p.stage, TrainStage)}
     write_report(out, summary, recipe.to_toml(), loss_files)
     return summary
 
@@ -124,10 +124,10 @@ def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str
     if isinstance(stage, RolloutStage):
         inputs["env"] = {"name": recipe.env.name, "options": recipe.env_options()}
     reads = [s for s in recipe.data_sources(index) if s in hashes]
-    if isinstance(stage, SFTStageConfig) or getattr(stage, "policy", None) == "hf":
+    if isinstance(stage, TrainStage) or getattr(stage, "policy", None) == "hf":
         source = recipe.model_source(index)
         if source is None:
-            fields = {"name"} if isinstance(stage, SFTStageConfig) else {"name", "dtype"}
+            fields = {"name"} if isinstance(stage, TrainStage) else {"name", "dtype"}
             inputs["model"] = recipe.model.model_dump(mode="json", include=fields)
         else:
             reads.append(source)

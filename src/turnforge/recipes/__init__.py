@@ -44,6 +44,7 @@ from turnforge.recipes.schema import (
     RolloutStage,
     SFTStageConfig,
     StageConfig,
+    TrainStage,
 )
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "RecipeError",
     "RolloutStage",
     "SFTStageConfig",
+    "TrainStage",
     "StageConfig",
     "find_recipe",
     "load_recipe",

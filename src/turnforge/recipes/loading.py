@@ -20,8 +20,8 @@ from turnforge.recipes.schema import (
     EnvConfig,
     ModelConfig,
     RolloutStage,
-    SFTStageConfig,
     StageConfig,
+    TrainStage,
     lora_spec_class,
     stage_class,
 )
@@ -55,7 +55,7 @@ class Recipe:
         ref = getattr(stage, "model", "base")
         if ref == "base":
             return None
-        earlier = [s for s in self.stages[:index] if isinstance(s, SFTStageConfig)]
+        earlier = [s for s in self.stages[:index] if isinstance(s, TrainStage)]
         if ref == "latest":
             return earlier[-1].id if earlier else None
         return _find(ref, earlier).id
@@ -194,9 +194,10 @@ def _validate_stages(raw_stages: Any, model_cfg: ModelConfig | None, report: _Pr
             report.add((*loc, "kind"), f"unknown stage kind {kind!r}; kinds are {', '.join(STAGE_KINDS)}")
             stages.append(None)
             continue
-        if kind == "sft" and "lora" not in data and model_cfg is not None and model_cfg.lora is not None:
+        cls = stage_class(kind)
+        if "lora" in cls.model_fields and "lora" not in data and model_cfg is not None and model_cfg.lora:
             data = {**data, "lora": model_cfg.lora}
-        stages.append(_validate(stage_class(kind), data, loc, report))
+        stages.append(_validate(cls, data, loc, report))
     if model_cfg is not None and model_cfg.lora is not None:
         _validate_lora(model_cfg.lora, report)
     return stages
@@ -255,11 +256,11 @@ def _check_stages(recipe: Recipe, report: _Problems) -> None:
             )
         seen.setdefault(stage.id, i)
         earlier = [s for s in recipe.stages[:i] if s is not None]
-        models = [s for s in earlier if isinstance(s, SFTStageConfig)]
+        models = [s for s in earlier if isinstance(s, TrainStage)]
         ref = getattr(stage, "model", None)
         if complete and ref not in (None, "base", "latest") and _find(ref, models) is None:
             names = ", ".join(["base", "latest", *(s.id for s in models)])
-            report.add(("stages", i, "model"), f"no earlier sft stage is called {ref!r}; use one of {names}")
+            report.add(("stages", i, "model"), f"no earlier training stage is called {ref!r}; use one of {names}")
         collects = [s for s in earlier if s.kind == "collect"]
         for j, data in enumerate(getattr(stage, "data", [])):
             if complete and _find(data, collects) is None and not _is_external_data(data, recipe.source):
@@ -281,7 +282,7 @@ def _is_external_data(spec: str, source: Path | None) -> bool:
 
 def _inherit_windows(recipe: Recipe) -> None:
     """hf rollouts without a window use the one their model was trained with (base: the first sft stage's)."""
-    sft = {s.id: s for s in recipe.stages if isinstance(s, SFTStageConfig)}
+    sft = {s.id: s for s in recipe.stages if isinstance(s, TrainStage)}
     first = next(iter(sft.values()), None)
     for i, stage in enumerate(recipe.stages):
         if isinstance(stage, RolloutStage) and stage.policy == "hf" and stage.window is None:

@@ -115,7 +115,17 @@ class EvalStage(RolloutStage):
     temperature: float = Field(default=0.0, ge=0.0)
 
 
-class SFTStageConfig(StageConfig):
+class TrainStage(StageConfig):
+    """A stage that trains a model (sft, rft, dpo, grpo, envtune); its model lands in stages/NN-<id>/model.
+
+    Later stages name it in their `model` field ("latest" = the last training stage before them).
+    """
+
+    model: str = "latest"
+    """The model to train: "base", "latest" (the last training stage before this one, else base) or a stage."""
+
+
+class SFTStageConfig(TrainStage):
     """`kind = "sft"`: supervised fine-tuning on earlier collect stages; the model lands in stages/NN-<id>/model.
 
     The other fields are those of `turnforge.train.sft.SFTSettings` (see `sft_stage_class`).
@@ -125,8 +135,6 @@ class SFTStageConfig(StageConfig):
     name: str = Field(default="sft", pattern=STAGE_NAME)
     data: list[str] = Field(min_length=1)
     """Earlier collect stages (by id or name), `hf:NAME[:SPLIT]` datasets, or JSONL files."""
-    model: str = "latest"
-    """The model to train: "base", "latest" (the last sft stage before this one, else base) or a stage."""
 
     def settings(self) -> Any:
         """The `SFTSettings` this stage trains with."""
@@ -162,11 +170,18 @@ def lora_spec_class() -> type:
     return LoraSpec
 
 
+# Each kind's config class, built on first use (training kinds import their settings dataclass).
+_STAGE_CLASSES: dict[str, typing.Callable[[], type[StageConfig]]] = {
+    "collect": lambda: CollectStage,
+    "sft": sft_stage_class,
+    "eval": lambda: EvalStage,
+}
+
+
 def stage_class(kind: str) -> type[StageConfig] | None:
     """The config class of a stage kind, or None for an unknown kind."""
-    if kind == "sft":
-        return sft_stage_class()
-    return {"collect": CollectStage, "eval": EvalStage}.get(kind)
+    factory = _STAGE_CLASSES.get(kind)
+    return factory() if factory is not None else None
 
 
-STAGE_KINDS = ("collect", "sft", "eval")
+STAGE_KINDS = tuple(_STAGE_CLASSES)
