@@ -1,0 +1,207 @@
+"""Rewards: plain functions of a finished episode (a `Trajectory`), each returning one float.
+
+A recipe combines them with weights (`RewardWeights`); weight 0 keeps a component as a logged metric
+only, as verifiers' rubrics and TRL's `reward_weights` do. The GRPO stage hands every component to TRL
+as its own reward function, so TRL logs `rewards/<name>/mean` for each and sums them with the weights.
+
+    outcome            1 on success, else 0 (or -1 with signed=True, as DemyAgent's ±1 outcome)
+    progress           the env's partial score: subgoal fraction (household), correct turns / turns (BFCL)
+    tool_call          TCR: a small bonus for a failed episode that still made a well-formed action
+    overlong           DAPO's soft overlong punishment over the generated tokens, with a buffer
+    format             minus the fraction of replies the env's format could not parse
+    loop               minus the fraction of replies that repeat an earlier reply and get the same answer
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from turnforge.types import Trajectory
+
+
+def outcome_reward(traj: Trajectory, signed: bool = False) -> float:
+    """1.0 when the episode succeeded; otherwise 0.0, or -1.0 when `signed` (DemyAgent's ±1 outcome).
+
+    >>> outcome_reward(_example(success=False), signed=True)
+    -1.0
+    """
+    if traj.score.success:
+        return 1.0
+    return -1.0 if signed else 0.0
+
+
+def progress_reward(traj: Trajectory) -> float:
+    """The env's final partial score in [0, 1] (`score.progress`): the fraction of subgoals reached, or for
+    turn-based envs (BFCL) correct turns / total turns — Environment Tuning's fine-grained reward.
+
+    >>> progress_reward(_example(progress=0.5))
+    0.5
+    """
+    return min(1.0, max(0.0, float(traj.score.progress)))
+
+
+def tool_call_reward(traj: Trajectory, bonus: float = 0.1) -> float:
+    """TCR: `bonus` for a FAILED episode with at least one well-formed action (parsed, so the env ran it).
+
+    A successful episode gets 0 (the outcome already pays it), so the bonus only keeps a model that tries
+    its tools on hard tasks from collapsing into answering without them (DemyAgent, arXiv 2510.11701).
+
+    >>> tool_call_reward(_example(success=False, parse_ok=[False, True]), bonus=0.1)
+    0.1
+    >>> tool_call_reward(_example(success=False, parse_ok=[False, False]), bonus=0.1)
+    0.0
+    """
+    if traj.score.success:
+        return 0.0
+    return bonus if any(t.parse_ok for t in traj.turns) else 0.0
+
+
+def overlong_penalty(length: int, max_length: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13) for a reply of `length` generated tokens.
+
+    0 up to `max_length - buffer`; then falling linearly to -1 at `max_length`; -1 beyond.
+
+    >>> overlong_penalty(90, max_length=100, buffer=20)   # 10 tokens into the 20-token buffer
+    -0.5
+    >>> overlong_penalty(80, max_length=100, buffer=20), overlong_penalty(120, max_length=100, buffer=20)
+    (0.0, -1.0)
+    """
+    if buffer < 0 or buffer > max_length:
+        raise ValueError(f"overlong buffer must be in [0, max_length={max_length}], got {buffer}")
+    free = max_length - buffer
+    if length <= free:
+        return 0.0
+    if length > max_length:
+        return -1.0
+    return (free - length) / buffer
+
+
+def format_penalty(traj: Trajectory) -> float:
+    """Minus the fraction of the episode's replies that did not parse (0 for an episode without replies).
+
+    >>> format_penalty(_example(parse_ok=[True, False, False, True]))
+    -0.5
+    """
+    if not traj.turns:
+        return 0.0
+    return -sum(not t.parse_ok for t in traj.turns) / len(traj.turns)
+
+
+def loop_penalty(traj: Trajectory) -> float:
+    """Minus the fraction of replies that repeat an earlier reply (same text, whitespace aside) and get the
+    same observation back: an action repeated without any change the agent could see.
+
+    >>> loop_penalty(_example(replies=["go to a", "look", "look", "go to a"], answers=["x", "y", "y", "z"]))
+    -0.25
+    """
+    steps = reply_observation_pairs(traj)
+    if not steps:
+        return 0.0
+    seen: set[tuple[str, str]] = set()
+    loops = 0
+    for step in steps:
+        loops += step in seen
+        seen.add(step)
+    return -loops / len(steps)
+
+
+def reply_observation_pairs(traj: Trajectory) -> list[tuple[str, str]]:
+    """(assistant reply, the env's answer to it) per turn, whitespace-normalised, from the conversation."""
+    pairs: list[tuple[str, str]] = []
+    for i, message in enumerate(traj.messages):
+        if message.role != "assistant":
+            continue
+        answer = []
+        for later in traj.messages[i + 1 :]:
+            if later.role == "assistant":
+                break
+            answer.append(later.content)
+        reply = " ".join(message.content.split())
+        calls = [(c.name, sorted(c.arguments.items(), key=str)) for c in message.tool_calls or []]
+        pairs.append((reply + (repr(calls) if calls else ""), " ".join(" ".join(answer).split())))
+    return pairs
+
+
+@dataclass
+class RewardWeights:
+    """How a recipe combines the components; weight 0 = logged as a metric only."""
+
+    outcome: float = 1.0
+    progress: float = 0.0
+    tool_call: float = 0.0
+    overlong: float = 0.0
+    format: float = 0.0
+    loop: float = 0.0
+    signed_outcome: bool = False
+    """Outcome -1 instead of 0 on failure (DemyAgent)."""
+    tool_call_bonus: float = 0.1
+    """The TCR bonus before its weight."""
+    overlong_buffer: int = 0
+    """DAPO buffer in generated tokens; the limit is the GRPO stage's max completion length."""
+
+    def __post_init__(self) -> None:
+        if self.overlong_buffer < 0:
+            raise ValueError(f"overlong_buffer must be >= 0, got {self.overlong_buffer}")
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: float(value) for name, value in asdict(self).items() if name in COMPONENTS}
+
+
+COMPONENTS = ("outcome", "progress", "tool_call", "overlong", "format", "loop")
+
+
+def reward_components(
+    traj: Trajectory, weights: RewardWeights, generated_tokens: int, max_generated_tokens: int
+) -> dict[str, float]:
+    """Every component of one episode (unweighted), keyed like `COMPONENTS`.
+
+    >>> parts = reward_components(_example(success=True, progress=1.0), RewardWeights(), 10, 100)
+    >>> parts["outcome"], parts["progress"], parts["overlong"]
+    (1.0, 1.0, 0.0)
+    """
+    return {
+        "outcome": outcome_reward(traj, signed=weights.signed_outcome),
+        "progress": progress_reward(traj),
+        "tool_call": tool_call_reward(traj, bonus=weights.tool_call_bonus),
+        "overlong": overlong_penalty(generated_tokens, max_generated_tokens, weights.overlong_buffer),
+        "format": format_penalty(traj),
+        "loop": loop_penalty(traj),
+    }
+
+
+def total_reward(components: dict[str, float], weights: RewardWeights) -> float:
+    """The weighted sum (what GRPO's advantages are computed from).
+
+    >>> total_reward({"outcome": 1.0, "progress": 0.5, "tool_call": 0.0, "overlong": 0.0, "format": 0.0,
+    ...               "loop": -0.5}, RewardWeights(progress=0.25, loop=0.2))
+    1.025
+    """
+    w = weights.as_dict()
+    return round(sum(w[name] * components[name] for name in COMPONENTS), 12)
+
+
+def _example(
+    success: bool = False,
+    progress: float = 0.0,
+    parse_ok: list[bool] | None = None,
+    replies: list[str] | None = None,
+    answers: list[str] | None = None,
+) -> Trajectory:
+    """A small trajectory for the docstring examples."""
+    from turnforge.types import Message, Score, StopReason, Turn
+
+    replies = replies or ["act"] * len(parse_ok or [True])
+    answers = answers or ["ok"] * len(replies)
+    oks = parse_ok or [True] * len(replies)
+    messages = [Message("user", "task")]
+    for reply, answer in zip(replies, answers, strict=True):
+        messages += [Message("assistant", reply), Message("user", answer)]
+    return Trajectory(
+        task_id="t",
+        env="example",
+        category="c",
+        messages=messages,
+        turns=[Turn(text=r, parse_ok=ok) for r, ok in zip(replies, oks, strict=True)],
+        score=Score(success=success, reward=float(success), progress=progress),
+        stop_reason=StopReason.success if success else StopReason.failure,
+    )
