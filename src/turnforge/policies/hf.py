@@ -57,9 +57,25 @@ class HFPolicy:
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.model_id = str(model)
-        self.model, self.tokenizer = load_model(model, dtype=dtype, device=device, adapter=adapter)
-        self.model.eval()
+        lm, tokenizer = load_model(model, dtype=dtype, device=device, adapter=adapter)
+        lm.eval()
+        self._setup(str(model), lm, tokenizer, window, batch_size)
+
+    @classmethod
+    def from_model(
+        cls, model, tokenizer, window: int | None = None, batch_size: int = 64, model_id: str = "hf"
+    ) -> HFPolicy:
+        """A policy over a model already in memory (GRPO rolls out with the model it trains; the caller
+        switches it to eval mode and back)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        policy = cls.__new__(cls)
+        policy._setup(model_id, model, tokenizer, window, batch_size)
+        return policy
+
+    def _setup(self, model_id: str, model, tokenizer, window: int | None, batch_size: int) -> None:
+        self.model_id = model_id
+        self.model, self.tokenizer = model, tokenizer
         self.renderer = ChatTemplateRenderer(self.tokenizer, window=window)
         self.batch_size = batch_size
         eos = self.model.generation_config.eos_token_id

@@ -232,7 +232,7 @@ def _check_env(recipe: Recipe, report: _Problems) -> None:
             report.add(loc, str(e))
     recipe.env.options = {k: v for k, v in coerced.items() if not (k == "format" and recipe.env.format)}
     for i, stage in enumerate(recipe.stages):
-        if isinstance(stage, RolloutStage) and spec.splits and stage.split not in spec.splits:
+        if stage is not None and stage.ROLLS_OUT and spec.splits and stage.split not in spec.splits:
             splits = ", ".join(spec.splits)
             report.add(
                 ("stages", i, "split"), f"env {spec.name!r} has no split {stage.split!r}; splits are {splits}"

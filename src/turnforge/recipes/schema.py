@@ -56,6 +56,8 @@ class StageConfig(Table):
     name: str = Field(pattern=STAGE_NAME)
     NOT_IN_HASH: ClassVar[frozenset[str]] = frozenset()
     """Fields that do not change a stage's results (changing them on a finished stage is allowed)."""
+    ROLLS_OUT: ClassVar[bool] = False
+    """The stage plays the recipe's env (so the env's name and options are among its inputs)."""
 
     @property
     def id(self) -> str:
@@ -65,6 +67,8 @@ class StageConfig(Table):
 
 class RolloutStage(StageConfig):
     """Episodes of a policy on a split (collect and eval share these fields)."""
+
+    ROLLS_OUT: ClassVar[bool] = True
 
     policy: Literal["expert", "random", "hf"]
     """expert / random: scripted, no model; hf: the model named by `model`, with transformers."""
@@ -175,7 +179,16 @@ _STAGE_CLASSES: dict[str, typing.Callable[[], type[StageConfig]]] = {
     "collect": lambda: CollectStage,
     "sft": sft_stage_class,
     "eval": lambda: EvalStage,
+    "rft": lambda: _training().RFTStageConfig,
+    "grpo": lambda: _training().grpo_stage_class("grpo"),
+    "envtune": lambda: _training().grpo_stage_class("envtune"),
 }
+
+
+def _training() -> Any:
+    from turnforge.recipes import training  # imports this module: loaded on first use
+
+    return training
 
 
 def stage_class(kind: str) -> type[StageConfig] | None:

@@ -28,7 +28,7 @@ def run_sft_stage(stage: SFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
             f"stage {stage.id}: its model is a LoRA adapter saved unmerged; set merge = true on the stage "
             "that trained it to train on top of it"
         )
-    data = [_data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
+    data = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
     result = run_sft(start.path, data, stage_dir, stage.settings())
     model_dir = stage_dir / MODEL_DIR
     return {
@@ -39,7 +39,7 @@ def run_sft_stage(stage: SFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
     }
 
 
-def _data_path(source: str, ctx: RunContext) -> str:
+def data_path(source: str, ctx: RunContext) -> str:
     """A collect stage id -> its trajectories file; hf:/file specs pass through (files relative to the recipe)."""
     if any(s.id == source and s.kind == "collect" for s in ctx.recipe.stages):
         return str(ctx.stage_dir(source) / TRAJECTORIES_FILE)

@@ -1,0 +1,423 @@
+"""GRPO stage: multi-turn GRPO on TRL's `GRPOTrainer`, with turnforge's rollout engine as its `rollout_func`.
+
+Read top to bottom, one call of `run_grpo` does:
+  1. build a dataset with one row per training task: the env's first messages, each carrying the task id
+     (TRL hands the prompts, and nothing else, to the rollout function);
+  2. build TRL's `GRPOTrainer` with `rollout_func = EpisodeRollouts(...)` and one reward function per
+     component of `turnforge.rewards` (TRL sums them with `reward_weights`; weight 0 = logged only);
+  3. each generation batch, `EpisodeRollouts` plays whole episodes with the model being trained
+     (`run_episodes`, token-exact), and returns per episode:
+       prompt_ids      the rendered first prompt,
+       completion_ids  every turn's generated ids, and between turns the observation's chat-template ids,
+       env_mask        1 on generated ids, 0 on observation ids (TRL multiplies it into the loss mask),
+       logprobs        the sampled tokens' log-probabilities (0 on observation tokens),
+     plus `reward_<component>` lists that the reward functions read back;
+  4. write `out_dir/model/` (merged, or the LoRA adapter), `metrics.jsonl` (TRL's logs: reward,
+     rewards/<component>/mean, frac_reward_zero_std, ...) and `rollouts.jsonl` (one line per generation
+     batch: success rate, mean reward, zero-variance groups, replaced groups).
+
+How it departs from plain TRL:
+  - Generation is turnforge's (HF `generate` through `HFPolicy.from_model`), not TRL's single-turn
+    generate: an episode is many assistant turns with env observations between them. The token sequence
+    is never re-tokenized, so the ids TRL scores are exactly the ids the model sampled.
+  - The observation after the LAST turn is not part of the completion: the model never saw it, and TRL
+    reads "last token is not EOS" as truncated (`mask_truncated_completions`).
+  - Dynamic sampling (DAPO): with `dynamic_sampling = true`, a group whose rewards are all equal (no
+    learning signal; TRL logs their share as `frac_reward_zero_std`) is replaced by the group of another
+    training task, for up to `resample_rounds` tries; what is left is counted in rollouts.jsonl.
+  - Episodes with a history window have no single token sequence, so GRPO refuses them.
+
+    turnforge run quickstart --out runs/qs          # its stage `grpo`
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
+
+from turnforge.envs.base import make_env
+from turnforge.models import LoraSpec, load_model, merge_and_save, resolve_model
+from turnforge.policies.base import SamplingParams
+from turnforge.policies.hf import HFPolicy
+from turnforge.rewards import COMPONENTS, RewardWeights, reward_components, total_reward
+from turnforge.rollout import RolloutLimits, run_episodes
+from turnforge.train.sft import CHECKPOINTING_FIELD, METRICS_FILE, MODEL_DIR, MetricsFileCallback
+from turnforge.types import Task, Trajectory
+
+logger = logging.getLogger(__name__)
+
+ROLLOUTS_FILE = "rollouts.jsonl"
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+@dataclass
+class GRPOSettings:
+    """Everything the GRPO stage can be told. The defaults run on a laptop CPU with the tiny model."""
+
+    steps: int = 20
+    """Optimizer steps."""
+    tasks_per_step: int = 4
+    """Tasks (groups) per optimizer step; each gets `num_generations` episodes."""
+    num_generations: int = 8
+    """Episodes per task: the group whose rewards are normalised together (GRPO's G)."""
+    micro_batch_size: int | None = None
+    """Episodes per forward/backward pass; None = the whole step at once. Must divide tasks_per_step x G."""
+    learning_rate: float = 1e-5
+    """AdamW peak learning rate (1e-6 for a 4B model as the DemyAgent seed; the tiny model wants ~1e-4)."""
+    loss_type: str = "dapo"
+    """TRL's loss: dapo (token-mean, DAPO), grpo, dr_grpo, bnpo, cispo, sapo."""
+    epsilon: float = 0.2
+    """Lower clip of the probability ratio."""
+    epsilon_high: float | None = 0.28
+    """Upper clip; 0.28 is DAPO's clip-higher (arXiv 2503.14476); None = epsilon."""
+    beta: float = 0.0
+    """KL coefficient; 0 = no KL and no reference model (DAPO, DemyAgent)."""
+    scale_rewards: str = "group"
+    """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
+    mask_truncated_completions: bool = True
+    """Episodes whose last reply hit the token limit carry no loss (DAPO)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    """Tokens per assistant turn."""
+    max_turns: int | None = None
+    """Assistant turns per episode; None = the env's own limit."""
+    max_completion_length: int = 4096
+    """Tokens of one episode after its first prompt (replies + observations); longer episodes are cut."""
+    rewards: RewardWeights = field(default_factory=RewardWeights)
+    dynamic_sampling: bool = False
+    """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
+    resample_rounds: int = 2
+    """How many times dynamic sampling may try again per generation batch."""
+    lora: LoraSpec | None = None
+    merge: bool = True
+    """With LoRA: merge the adapter into `out_dir/model` (True) or save the adapter only."""
+    logging_steps: int = 1
+    save_steps: int = 0
+    """Optimizer steps between checkpoints (a rerun resumes from the last); 0 = none."""
+    seed: int = 0
+    use_vllm: bool = False
+    """Reserved for a vLLM rollout backend; turnforge has none yet, so True is refused."""
+
+    def __post_init__(self) -> None:
+        for name, ok, expected in (
+            ("steps", self.steps >= 1, "at least 1"),
+            ("tasks_per_step", self.tasks_per_step >= 1, "at least 1"),
+            ("num_generations", self.num_generations >= 2, "at least 2 (a group needs a baseline)"),
+            ("loss_type", self.loss_type in LOSS_TYPES, " or ".join(LOSS_TYPES)),
+            ("scale_rewards", self.scale_rewards in SCALE_REWARDS, " or ".join(SCALE_REWARDS)),
+            ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
+            ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
+            ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
+            ("use_vllm", not self.use_vllm, "false: turnforge has no vLLM rollout backend yet"),
+        ):
+            if not ok:
+                raise ValueError(f"grpo setting {name}={getattr(self, name)!r}: expected {expected}")
+        if isinstance(self.rewards, dict):
+            self.rewards = RewardWeights(**self.rewards)
+        if self.micro_batch_size is not None and self.episodes_per_step % self.micro_batch_size:
+            raise ValueError(
+                f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
+                f"num_generations = {self.episodes_per_step}"
+            )
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.tasks_per_step * self.num_generations
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Episodes as TRL sequences
+
+
+def episode_sequence(traj: Trajectory, max_completion_length: int) -> tuple[list[int], list[int], list[int], list[float]]:
+    """(prompt_ids, completion_ids, env_mask, logprobs) of one token-exact episode.
+
+    completion = turn 1 generated ids, turn 1 observation ids, turn 2 generated ids, ..., last generated ids
+    (the observation after the last turn is left out); env_mask is 1 exactly on generated ids. Cut to
+    `max_completion_length` tokens.
+    """
+    if any(turn.prompt_ids for turn in traj.turns):
+        raise ValueError("GRPO needs whole-episode token sequences; the episode was played with a history window")
+    completion: list[int] = []
+    env_mask: list[int] = []
+    logprobs: list[float] = []
+    for k, turn in enumerate(traj.turns):
+        if len(turn.logprobs) != len(turn.generated_ids):
+            raise ValueError(f"episode {traj.task_id}: turn {k} has {len(turn.logprobs)} logprobs for "
+                             f"{len(turn.generated_ids)} ids")
+        completion += turn.generated_ids
+        env_mask += [1] * len(turn.generated_ids)
+        logprobs += turn.logprobs
+        if k < len(traj.turns) - 1:
+            completion += turn.observation_ids
+            env_mask += [0] * len(turn.observation_ids)
+            logprobs += [0.0] * len(turn.observation_ids)
+    n = max_completion_length
+    return list(traj.prompt_ids), completion[:n], env_mask[:n], logprobs[:n]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. The rollout function
+
+
+def task_prompt(task: Task, messages: list) -> list[dict[str, str]]:
+    """The dataset prompt of a task: its first messages, each tagged with the task id (TRL passes prompts only)."""
+    return [{"role": m.role, "content": m.content, "task_id": task.id} for m in messages]
+
+
+class EpisodeRollouts:
+    """TRL's `rollout_func(prompts, trainer) -> dict`: plays the prompts' tasks with the trainer's model.
+
+    `prompts` holds each task `num_generations` times in a row (TRL's RepeatSampler); every entry becomes
+    one episode, and the i-th output is the i-th entry's episode (or, with dynamic sampling, a replacement).
+    """
+
+    def __init__(
+        self,
+        env_name: str,
+        env_options: dict[str, Any],
+        tasks: list[Task],
+        tokenizer,
+        settings: GRPOSettings,
+        log_path: Path | None = None,
+    ) -> None:
+        self.env_name, self.env_options = env_name, env_options
+        self.tasks = {t.id: t for t in tasks}
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.log_path = log_path
+        self.rng = random.Random(settings.seed)
+        self.calls = 0
+        self.episodes = 0
+
+    def __call__(self, prompts: list[list[dict[str, Any]]], trainer: GRPOTrainer) -> dict[str, list]:
+        started = time.perf_counter()
+        slots = [self.tasks[p[-1]["task_id"]] for p in prompts]
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        try:
+            groups = self._play(model, slots)
+            groups, replaced, left = self._resample(model, groups)
+        finally:
+            model.train(was_training)
+        episodes = [traj for _, trajs in groups for traj in trajs]
+        self.episodes += len(episodes)
+        out = self._to_trl(episodes)
+        self._log(episodes, groups, replaced, left, time.perf_counter() - started)
+        return out
+
+    def _play(self, model, slots: list[Task]) -> list[tuple[Task, list[Trajectory]]]:
+        """Episodes for consecutive runs of the same task (one group each), in slot order."""
+        runs: list[tuple[Task, int]] = []
+        for task in slots:
+            if runs and runs[-1][0].id == task.id:
+                runs[-1] = (task, runs[-1][1] + 1)
+            else:
+                runs.append((task, 1))
+        return self._episodes(model, runs)
+
+    def _episodes(self, model, runs: list[tuple[Task, int]]) -> list[tuple[Task, list[Trajectory]]]:
+        s = self.settings
+        policy = HFPolicy.from_model(model, self.tokenizer, batch_size=s.episodes_per_step, model_id="grpo")
+        self.calls += 1
+        params = SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed + 7919 * self.calls
+        )
+        # Each run gets its own task copy id so that a task drawn twice in one batch stays two groups.
+        width = max(n for _, n in runs)
+        keyed = [Task(f"{t.id}#{k}", t.env, t.split, t.category, t.data) for k, (t, _) in enumerate(runs)]
+        skip = frozenset((kt.id, i) for kt, (_, n) in zip(keyed, runs, strict=True) for i in range(n, width))
+        limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
+        trajs = run_episodes(
+            policy, lambda: make_env(self.env_name, **self.env_options), keyed, width, limits, params, skip=skip
+        )
+        by_key: dict[str, list[Trajectory]] = {}
+        for traj in trajs:
+            by_key.setdefault(traj.task_id, []).append(traj)
+        groups = []
+        for kt, (task, _) in zip(keyed, runs, strict=True):
+            group = by_key[kt.id]
+            for traj in group:
+                traj.task_id = task.id
+            groups.append((task, group))
+        return groups
+
+    def _resample(self, model, groups):
+        """DAPO dynamic sampling: swap zero-variance full groups for fresh tasks' groups."""
+        s = self.settings
+        replaced = 0
+        if not s.dynamic_sampling:
+            return groups, 0, sum(self._flat(g) for _, g in groups)
+        for _ in range(s.resample_rounds):
+            flat = [i for i, (_, g) in enumerate(groups) if len(g) == s.num_generations and self._flat(g)]
+            if not flat:
+                break
+            used = {t.id for t, _ in groups}
+            pool = [t for t in self.tasks.values() if t.id not in used] or list(self.tasks.values())
+            fresh = self._episodes(model, [(self.rng.choice(pool), s.num_generations) for _ in flat])
+            for i, group in zip(flat, fresh, strict=True):
+                groups[i] = group
+                replaced += 1
+        return groups, replaced, sum(self._flat(g) for _, g in groups)
+
+    def _flat(self, group: list[Trajectory]) -> bool:
+        rewards = {round(self._total(t), 9) for t in group}
+        return len(group) > 1 and len(rewards) == 1
+
+    def _components(self, traj: Trajectory) -> dict[str, float]:
+        generated = sum(len(t.generated_ids) for t in traj.turns)
+        return reward_components(traj, self.settings.rewards, generated, self.settings.max_completion_length)
+
+    def _total(self, traj: Trajectory) -> float:
+        return total_reward(self._components(traj), self.settings.rewards)
+
+    def _to_trl(self, episodes: list[Trajectory]) -> dict[str, list]:
+        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "logprobs": []}
+        for name in COMPONENTS:
+            out[f"reward_{name}"] = []
+        for traj in episodes:
+            prompt, completion, mask, logprobs = episode_sequence(traj, self.settings.max_completion_length)
+            if not completion:  # an episode that ended before its first reply (env error): one pad token, no loss
+                completion, mask, logprobs = [self.tokenizer.pad_token_id], [0], [0.0]
+            out["prompt_ids"].append(prompt)
+            out["completion_ids"].append(completion)
+            out["env_mask"].append(mask)
+            out["logprobs"].append(logprobs)
+            for name, value in self._components(traj).items():
+                out[f"reward_{name}"].append(value)
+        return out
+
+    def _log(self, episodes, groups, replaced: int, left: int, wall_s: float) -> None:
+        if self.log_path is None:
+            return
+        line = {
+            "batch": self.calls,
+            "episodes": len(episodes),
+            "success": sum(t.score.success for t in episodes) / max(1, len(episodes)),
+            "progress": sum(t.score.progress for t in episodes) / max(1, len(episodes)),
+            "reward": sum(self._total(t) for t in episodes) / max(1, len(episodes)),
+            "turns": sum(len(t.turns) for t in episodes) / max(1, len(episodes)),
+            "groups": len(groups),
+            "zero_variance_groups": left,
+            "replaced_groups": replaced,
+            "wall_s": round(wall_s, 3),
+        }
+        with self.log_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def component_reward(name: str):
+    """TRL reward function `name` reading back the component the rollout function computed per episode."""
+
+    def reward(prompts=None, completions=None, **kwargs) -> list[float]:
+        return [float(v) for v in kwargs[f"reward_{name}"]]
+
+    reward.__name__ = name
+    return reward
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. The trainer
+
+
+def grpo_config(out_dir: Path, settings: GRPOSettings) -> GRPOConfig:
+    """TRL's config: the knobs pass through unchanged; batch = tasks_per_step x num_generations episodes."""
+    on_gpu = torch.cuda.is_available()
+    micro = settings.micro_batch_size or settings.episodes_per_step
+    weights = settings.rewards.as_dict()
+    return GRPOConfig(
+        output_dir=str(out_dir / "checkpoints"),
+        max_steps=settings.steps,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=settings.episodes_per_step // micro,
+        num_generations=settings.num_generations,
+        loss_type=settings.loss_type,
+        epsilon=settings.epsilon,
+        epsilon_high=settings.epsilon_high,
+        beta=settings.beta,
+        scale_rewards=settings.scale_rewards,
+        mask_truncated_completions=settings.mask_truncated_completions,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_completion_length=settings.max_completion_length,
+        reward_weights=[weights[name] for name in COMPONENTS],
+        logging_steps=settings.logging_steps,
+        save_strategy="steps" if settings.save_steps > 0 else "no",
+        save_steps=settings.save_steps or 500,
+        save_total_limit=2,
+        report_to=[],
+        seed=settings.seed,
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        use_cpu=not on_gpu,
+        disable_tqdm=not sys.stderr.isatty(),
+        **{CHECKPOINTING_FIELD: on_gpu},
+    )
+
+
+def task_dataset(env_name: str, env_options: dict[str, Any], tasks: list[Task]) -> datasets.Dataset:
+    env = make_env(env_name, **env_options)
+    return datasets.Dataset.from_list([{"prompt": task_prompt(t, env.reset(t))} for t in tasks])
+
+
+def run_grpo(
+    model: str,
+    env_name: str,
+    env_options: dict[str, Any],
+    tasks: list[Task],
+    out_dir: Path,
+    settings: GRPOSettings,
+    adapter: str | None = None,
+) -> dict[str, Any]:
+    """Train `model` with GRPO on `tasks` of env `env_name`; writes out_dir/model, metrics.jsonl, rollouts.jsonl."""
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not tasks:
+        raise ValueError("grpo: no training tasks (check the stage's split, tasks and filters)")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+    path = resolve_model(model, out_dir / "cache")
+    lm, tokenizer = load_model(path, dtype="float32", device="cpu", adapter=adapter)
+    rollouts = EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE)
+    checkpoints = out_dir / "checkpoints"
+    resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    if resume is None:
+        for name in (METRICS_FILE, ROLLOUTS_FILE):
+            (out_dir / name).unlink(missing_ok=True)
+    trainer = GRPOTrainer(
+        model=lm,
+        reward_funcs=[component_reward(name) for name in COMPONENTS],
+        args=grpo_config(out_dir, settings),
+        train_dataset=task_dataset(env_name, env_options, tasks),
+        processing_class=tokenizer,
+        peft_config=settings.lora.to_peft() if settings.lora is not None else None,
+        rollout_func=rollouts,
+        callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
+    )
+    result = trainer.train(resume_from_checkpoint=resume)
+    model_dir = out_dir / MODEL_DIR
+    if settings.lora is not None and not settings.merge:
+        trainer.save_model(str(model_dir))
+    elif trainer.is_world_process_zero():
+        merge_and_save(trainer.model, tokenizer, model_dir)
+    return {
+        "steps": int(result.global_step),
+        "train_loss": float(result.training_loss),
+        "episodes": rollouts.episodes,
+        "wall_s": round(time.perf_counter() - start, 3),
+    }

@@ -1,0 +1,132 @@
+"""Multi-turn GRPO on TRL: episode -> (prompt, completion, env_mask) by hand, TRL sees our mask, 2 steps train."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from turnforge.envs.base import load_tasks
+from turnforge.models import load_model
+from turnforge.train.grpo import (
+    EpisodeRollouts,
+    GRPOSettings,
+    component_reward,
+    episode_sequence,
+    grpo_config,
+    run_grpo,
+    task_dataset,
+)
+from turnforge.types import Message, Score, StopReason, Trajectory, Turn
+
+ENV_OPTIONS = {"format": "act_line", "max_steps": 3}
+
+
+def _episode() -> Trajectory:
+    turns = [
+        Turn(text="a", generated_ids=[11, 12, 2], logprobs=[-0.1, -0.2, -0.3], observation_ids=[7, 8]),
+        Turn(text="b", generated_ids=[13, 2], logprobs=[-0.4, -0.5], observation_ids=[9]),
+    ]
+    return Trajectory(
+        task_id="t", env="e", category="c", messages=[Message("user", "go")], turns=turns,
+        score=Score(False, 0.0, 0.5), stop_reason=StopReason.failure, prompt_ids=[1, 3, 4],
+    )
+
+
+def test_episode_sequence_masks_observations_and_drops_the_last_one():
+    prompt, completion, mask, logprobs = episode_sequence(_episode(), max_completion_length=100)
+    assert prompt == [1, 3, 4]
+    # turn 1 ids, turn 1 observation, turn 2 ids; the observation after the last turn is left out
+    assert completion == [11, 12, 2, 7, 8, 13, 2]
+    assert mask == [1, 1, 1, 0, 0, 1, 1]
+    assert logprobs == [-0.1, -0.2, -0.3, 0.0, 0.0, -0.4, -0.5]
+    assert episode_sequence(_episode(), max_completion_length=4)[1:3] == ([11, 12, 2, 7], [1, 1, 1, 0])
+
+
+def test_episode_sequence_refuses_windowed_episodes():
+    traj = _episode()
+    traj.turns[0].prompt_ids = [1, 2]
+    with pytest.raises(ValueError, match="history window"):
+        episode_sequence(traj, 100)
+
+
+def test_component_reward_reads_back_its_field():
+    fn = component_reward("progress")
+    assert fn.__name__ == "progress"
+    assert fn(prompts=[0, 0], completions=[0, 0], reward_progress=[0.5, 1]) == [0.5, 1.0]
+
+
+def test_settings_errors_name_the_field():
+    with pytest.raises(ValueError, match="num_generations"):
+        GRPOSettings(num_generations=1)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        GRPOSettings(tasks_per_step=2, num_generations=3, micro_batch_size=4)
+    with pytest.raises(ValueError, match="vLLM"):
+        GRPOSettings(use_vllm=True)
+
+
+def test_trl_receives_env_mask_as_its_tool_mask(household_sft_model_dir, tmp_path):
+    """The batch TRL builds from our rollouts: its tool_mask is our env_mask, so observations carry no loss."""
+    from trl import GRPOTrainer
+
+    model, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
+    tasks = load_tasks("household", "train", limit=2, **ENV_OPTIONS)
+    settings = GRPOSettings(steps=1, tasks_per_step=2, num_generations=2, max_new_tokens=6)
+    rollouts = EpisodeRollouts("household", ENV_OPTIONS, tasks, tokenizer, settings)
+    captured = {}
+
+    def spy(prompts, trainer):
+        out = rollouts(prompts, trainer)
+        captured.update(out)
+        return out
+
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[component_reward(n) for n in ("outcome", "progress", "tool_call", "overlong",
+                                                                  "format", "loop")],
+        args=grpo_config(tmp_path, settings), train_dataset=task_dataset("household", ENV_OPTIONS, tasks),
+        processing_class=tokenizer, rollout_func=spy,
+    )
+    rows = [task_dataset("household", ENV_OPTIONS, tasks)[i] for i in (0, 0, 1, 1)]
+    batch = trainer._generate_and_score_completions(rows)
+    masks = captured["env_mask"]
+    assert any(0 in m for m in masks), "episodes of 3 turns must have observation tokens"
+    ends = set(trainer.eos_token_ids) | {tokenizer.pad_token_id}
+    for i, mask in enumerate(masks):
+        ids = captured["completion_ids"][i]
+        truncated = ids[-1] not in ends  # mask_truncated_completions: TRL zeroes the whole row
+        assert batch["tool_mask"][i, : len(mask)].tolist() == ([0] * len(mask) if truncated else mask)
+        observed = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+        assert "<|im_start|>user" in observed  # what is masked out is the env's turn, header included
+
+
+def test_two_grpo_steps_change_every_parameter(household_sft_model_dir, tmp_path):
+    tasks = load_tasks("household", "train", limit=4, **ENV_OPTIONS)
+    settings = GRPOSettings(
+        steps=2, tasks_per_step=2, num_generations=4, max_new_tokens=12, learning_rate=1e-2,
+        # Some sampled replies parse and some do not: format and TCR vary within a group.
+        rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0},
+    )
+    result = run_grpo(str(household_sft_model_dir), "household", ENV_OPTIONS, tasks, tmp_path, settings)
+    assert result["steps"] == 2 and result["episodes"] == 16
+    before, _ = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
+    after, _ = load_model(str(tmp_path / "model"), dtype="float32", device="cpu")
+    trained = dict(after.named_parameters())
+    unchanged = [n for n, p in before.named_parameters() if torch.equal(p, trained[n])]
+    assert unchanged == []
+    logs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logs] == [1, 2]
+    assert logs[0]["frac_reward_zero_std"] < 1.0  # a learning signal existed
+    assert all("rewards/format/mean" in row and "frac_reward_zero_std" in row for row in logs)
+    batches = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert len(batches) == 2 and all(b["episodes"] == 8 for b in batches)
+
+
+def test_dynamic_sampling_replaces_flat_groups(tiny_model_dir, tmp_path):
+    """The untrained model fails every task alike: every group is flat, so each is replaced (and stays flat)."""
+    tasks = load_tasks("household", "train", limit=6, **ENV_OPTIONS)
+    settings = GRPOSettings(steps=1, tasks_per_step=2, num_generations=2, max_new_tokens=4,
+                            dynamic_sampling=True, resample_rounds=1)
+    run_grpo(str(tiny_model_dir), "household", ENV_OPTIONS, tasks, tmp_path, settings)
+    (batch,) = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert batch["replaced_groups"] == 2 and batch["zero_variance_groups"] == 2
