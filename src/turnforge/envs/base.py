@@ -122,6 +122,7 @@ def register_env(spec: EnvSpec) -> EnvSpec:
 def _load_builtin() -> None:
     # Importing the packages registers them; kept lazy so `import turnforge` stays light.
     import turnforge.envs.household  # noqa: F401
+    import turnforge.envs.sql  # noqa: F401
 
 
 def get_env_spec(name: str) -> EnvSpec:
