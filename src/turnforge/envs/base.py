@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from turnforge.formats.base import Format, FormatError
-from turnforge.types import Message, Score, StepResult, Task
+from turnforge.types import Message, Score, StepResult, Task, Trajectory
 
 
 @runtime_checkable
@@ -79,6 +79,8 @@ class EnvSpec:
     categories: tuple[str, ...]
     splits: tuple[str, ...]
     options: list[EnvOption] = field(default_factory=list)
+    env_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None
+    """The benchmark's own summary figures (e.g. DBBench's overall_cat_accuracy): summary.json "env_metrics"."""
 
     def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate `--env-opt` values (strings from the CLI or typed values from code)."""

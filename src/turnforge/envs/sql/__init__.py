@@ -10,6 +10,7 @@ from __future__ import annotations
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.sql.data import CATEGORIES, load_dbbench
 from turnforge.envs.sql.env import FORMATS, SqlEnv
+from turnforge.envs.sql.generator import GENERATED_CATEGORIES, SPLITS, generate_tasks
 from turnforge.envs.sql.metrics import agentbench_accuracies
 from turnforge.types import Task
 
@@ -45,6 +46,42 @@ DBBENCH_SPEC = register_env(
         load_tasks=load_dbbench_tasks,
         categories=CATEGORIES,
         splits=("test", "dev", "train"),
+        env_metrics=agentbench_accuracies,
         options=[EnvOption("data", str, "", "DBBench JSONL file (AgentBench data/dbbench/*.jsonl)"), *_EPISODE_OPTIONS],
+    )
+)
+
+
+def load_generated_tasks(
+    split: str, limit: int | None = None, generate: int = 200, seed: int = 0, **_episode_options
+) -> list[Task]:
+    """`generate` synthetic tasks of `split` (the first `limit` of them)."""
+    if generate < 1:
+        raise ValueError(f"env 'sql' option generate must be at least 1, got {generate}")
+    n = generate if limit is None else min(limit, generate)
+    return [
+        Task(id=f"sql-{split}-{i:05d}", env="sql", split=split, category=d["type"], data=d)
+        for i, d in enumerate(generate_tasks(split, n, seed))
+    ]
+
+
+def _make_sql(**options) -> SqlEnv:
+    return SqlEnv(name="sql", **options)
+
+
+SQL_SPEC = register_env(
+    EnvSpec(
+        name="sql",
+        description="generated DBBench-style tasks (products, employees, sports, books, cities) with gold SQL",
+        factory=_make_sql,
+        load_tasks=load_generated_tasks,
+        categories=GENERATED_CATEGORIES,
+        splits=SPLITS,
+        env_metrics=agentbench_accuracies,
+        options=[
+            EnvOption("generate", int, 200, "number of generated tasks in the split"),
+            EnvOption("seed", int, 0, "generator seed"),
+            *_EPISODE_OPTIONS,
+        ],
     )
 )
