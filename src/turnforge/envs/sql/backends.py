@@ -71,7 +71,10 @@ class SqlBackend(Protocol):
 
     dialect: str
 
-    def create(self, table: Table) -> None: ...
+    def create(self, table: Table) -> str | None:
+        """A fresh database holding `table`; the setup error text when the table could not be made."""
+        ...
+
     def execute(self, sql: str) -> QueryResult: ...
     def table_hash(self, table: Table) -> str: ...
     def close(self) -> None: ...
@@ -108,16 +111,20 @@ class SQLiteBackend:
         self.conn: sqlite3.Connection | None = None
         self._deadline = 0.0
 
-    def create(self, table: Table) -> None:
+    def create(self, table: Table) -> str | None:
         self.close()
         # isolation_level=None: autocommit, like AgentBench's commit after every statement.
         self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         self.conn.set_authorizer(_refuse_attach)
         create, insert = create_table_sql(table, self.dialect)
-        self.conn.execute(create)
-        self.conn.executemany(insert, table_values(table))
+        try:
+            self.conn.execute(create)
+            self.conn.executemany(insert, table_values(table))
+        except sqlite3.Error as e:
+            return str(e)
         # Checked every 1000 VM instructions; a non-zero return interrupts the statement.
         self.conn.set_progress_handler(lambda: int(time.monotonic() > self._deadline), 1000)
+        return None
 
     def execute(self, sql: str) -> QueryResult:
         assert self.conn is not None, "create(table) first"

@@ -73,7 +73,7 @@ class SqlEnv:
         self.table = Table.from_dict(task.data["table"])
         self.mutation = is_mutation(task.category)
         self.allowed_tables = task_tables(self.table.name, task.data.get("gold_sql"))
-        self.backend.create(self.table)
+        self.setup_error = self.backend.create(self.table)
         self.initial_hash = self.backend.table_hash(self.table) if self.mutation else ""
         self.statements: list[str] = []  # every statement run, in order (the expert reads them)
         self.replies = 0
@@ -124,6 +124,7 @@ class SqlEnv:
                 "sql_errors": self.sql_errors,
                 "format_errors": self.format_errors,
                 "subgoals": sorted(self.subgoals),
+                **({"setup_error": self.setup_error} if self.setup_error else {}),
             },
         )
 

@@ -56,16 +56,21 @@ class MySqlBackend:
                 cursor.execute("SET SESSION max_execution_time = %s", (int(self.timeout * 1000),))
         return conn
 
-    def create(self, table: Table) -> None:
+    def create(self, table: Table) -> str | None:
         self.close()
         self.conn = self._connect()
         self.database = episode_name()
         create, insert = create_table_sql(table, self.dialect)
         with self.conn.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE {quote(self.database, self.dialect)}")
+            # utf8mb4 as MySQL 8 (AgentBench's server) defaults to; a MariaDB default may be latin1.
+            cursor.execute(f"CREATE DATABASE {quote(self.database, self.dialect)} CHARACTER SET utf8mb4")
             self.conn.select_db(self.database)
-            cursor.execute(create)
-            cursor.executemany(insert, table_values(table))
+            try:  # AgentBench ignores a failing setup (e.g. an empty column name MySQL refuses)
+                cursor.execute(create)
+                cursor.executemany(insert, table_values(table))
+            except self.pymysql.Error as e:
+                return str(e)
+        return None
 
     def execute(self, sql: str) -> QueryResult:
         assert self.conn is not None, "create(table) first"
@@ -102,13 +107,17 @@ class MySqlBackend:
     def close(self) -> None:
         if self.conn is None:
             return
+        drop = f"DROP DATABASE IF EXISTS {quote(self.database, self.dialect)}"
         try:
             with self.conn.cursor() as cursor:
-                cursor.execute(f"DROP DATABASE IF EXISTS {quote(self.database, self.dialect)}")
+                cursor.execute(drop)
         except self.pymysql.Error:
-            self.conn = self._connect()  # a broken connection must not leave the database behind
-            with self.conn.cursor() as cursor:
-                cursor.execute(f"DROP DATABASE IF EXISTS {quote(self.database, self.dialect)}")
+            try:  # a broken connection must not leave the database behind
+                self.conn = self._connect()
+                with self.conn.cursor() as cursor:
+                    cursor.execute(drop)
+            except self.pymysql.Error:
+                pass  # the server is gone (e.g. stopped before this env was collected)
         finally:
             self.conn.close()
             self.conn, self.database = None, None
@@ -126,7 +135,7 @@ class PostgresBackend:
         self.conn: Any = None
         self.schema: str | None = None
 
-    def create(self, table: Table) -> None:
+    def create(self, table: Table) -> str | None:
         self.close()
         self.conn = self.psycopg.connect(self.db_url, autocommit=True)
         self.schema = episode_name()
@@ -134,9 +143,13 @@ class PostgresBackend:
         with self.conn.cursor() as cursor:
             cursor.execute(f"CREATE SCHEMA {quote(self.schema, self.dialect)}")
             cursor.execute(f"SET search_path TO {quote(self.schema, self.dialect)}")
-            cursor.execute(create)
-            cursor.executemany(insert, table_values(table))
             cursor.execute(f"SET statement_timeout = {int(self.timeout * 1000)}")
+            try:  # as AgentBench, a failing setup leaves the episode without its table
+                cursor.execute(create)
+                cursor.executemany(insert, table_values(table))
+            except self.psycopg.Error as e:
+                return str(e).strip()
+        return None
 
     def execute(self, sql: str) -> QueryResult:
         assert self.conn is not None, "create(table) first"
@@ -166,6 +179,8 @@ class PostgresBackend:
             with self.conn.cursor() as cursor:
                 cursor.execute("SET statement_timeout = 0")
                 cursor.execute(f"DROP SCHEMA IF EXISTS {quote(self.schema, self.dialect)} CASCADE")
+        except self.psycopg.Error:
+            pass  # the server is gone (e.g. stopped before this env was collected)
         finally:
             self.conn.close()
             self.conn, self.schema = None, None
