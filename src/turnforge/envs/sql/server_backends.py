@@ -50,6 +50,8 @@ class MySqlBackend:
     def _connect(self) -> Any:
         conn = self.pymysql.connect(**self.connect_args)
         with conn.cursor() as cursor:
+            # MySQL's default (AgentBench's server); MariaDB's is 1 MB, which would change long tables' hash.
+            cursor.execute("SET SESSION group_concat_max_len = 1024")
             try:  # MariaDB: seconds, every statement
                 cursor.execute("SET SESSION max_statement_time = %s", (self.timeout,))
             except self.pymysql.Error:  # MySQL: milliseconds, SELECT only (KILL QUERY covers the rest)
