@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
-EXTRAS  ?= dev,alfworld
+EXTRAS  ?= dev,alfworld,sql
 comma   := ,
 STAMP   := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from turnforge.formats.base import Format, FormatError
-from turnforge.types import Message, Score, StepResult, Task
+from turnforge.types import Message, Score, StepResult, Task, Trajectory
 
 
 @runtime_checkable
@@ -79,6 +79,8 @@ class EnvSpec:
     categories: tuple[str, ...]
     splits: tuple[str, ...]
     options: list[EnvOption] = field(default_factory=list)
+    env_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None
+    """The benchmark's own summary figures (e.g. DBBench's overall_cat_accuracy): summary.json "env_metrics"."""
 
     def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate `--env-opt` values (strings from the CLI or typed values from code)."""
@@ -122,6 +124,7 @@ def register_env(spec: EnvSpec) -> EnvSpec:
 def _load_builtin() -> None:
     # Importing the packages registers them; kept lazy so `import turnforge` stays light.
     import turnforge.envs.household  # noqa: F401
+    import turnforge.envs.sql  # noqa: F401
 
 
 def get_env_spec(name: str) -> EnvSpec:

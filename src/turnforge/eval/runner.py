@@ -104,6 +104,9 @@ def run_eval(
         samples_per_task=samples,
         wall_s=time.perf_counter() - started,  # this invocation's time; a resumed run counts only its own
     )
+    env_metrics = get_env_spec(env).env_metrics
+    if env_metrics is not None:
+        summary["env_metrics"] = env_metrics(episodes)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 

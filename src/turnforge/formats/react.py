@@ -14,8 +14,9 @@ parses to the code inside the fence that follows; a final answer parses to
 Text from a line starting with `Observation:` on is ignored: it is the model imagining the env's turn,
 which ReAct agents cut with that stop word.
 
-`ReactFormat(code_language="sql")` (registered as "react_sql") always renders actions as DBBench's
-fenced `Action: Operation` block, which the real DBBench parser requires (`` ```sql\\n...\\n``` ``).
+`ReactFormat(code_language="sql")` (registered as "react_sql") parses and renders as DBBench does:
+an operation is the first `` ```sql\\n...\\n``` `` block of the reply (another fence, or an unclosed one,
+is a format error), and an action other than `Operation` / `Answer` is a format error.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _FINAL = re.compile(_PREFIX + r"final[ \t]+answer[ \t]*(?:\*+[ \t]*)?:\**", re.I
 _ACTION_INLINE = re.compile(r"(?<![A-Za-z])Action:(?P<value>.*)$", re.M)
 _FINAL_INLINE = re.compile(r"(?<![A-Za-z])Final Answer:")
 _OBSERVATION = re.compile(r"^[ \t]*Observation[ \t]*(?:\d+[ \t]*)?:", re.I | re.M)
-# DBBench reads the first fence after `Action: Operation`; an unclosed last fence is read to the end.
+# Plain react reads the first fence after `Action: Operation`; an unclosed last fence is read to the end.
 _FENCE = re.compile(r"```[^\n]*\n(?P<code>.*?)(?:```|\Z)", re.S)
 
 _OPERATION, _ANSWER = "operation", "answer"
@@ -67,8 +68,15 @@ def _final_answer(body: str, tag: _Tag, text: str) -> Message | FormatError:
     return Message(role="assistant", content=answer, name=FINAL_ANSWER)
 
 
-def _operation(body: str, tag: _Tag, text: str) -> Message | FormatError:
-    fence = _FENCE.search(body, tag.end)
+def _operation(body: str, tag: _Tag, text: str, language: str | None) -> Message | FormatError:
+    if language is not None:
+        # DBBench executes the first ```sql block of the reply, wherever it is, closed by "\n```" (v0.2:
+        # re.search(r"```sql\n([\s\S]*?)\n```", res)); any other fence fails its validation.
+        fence = re.search(r"```" + re.escape(language) + r"\n(?P<code>[\s\S]*?)\n```", body)
+        if fence is None:
+            return FormatError(reason=f'"Action: Operation" needs a closed ```{language} code block', text=text)
+    else:
+        fence = _FENCE.search(body, tag.end)
     if fence is None:
         return FormatError(reason='"Action: Operation" is not followed by a ``` code block', text=text)
     code = fence.group("code").strip()
@@ -119,9 +127,11 @@ class ReactFormat:
         if action is None:
             return FormatError(reason='no "Action:" or "Final Answer:" line', text=text)
         if action.value.lower() == _OPERATION:
-            return _operation(body, action, text)
+            return _operation(body, action, text, self.code_language)
         if not action.value:
             return FormatError(reason='"Action:" is followed by no action', text=text)
+        if self.code_language is not None:  # DBBench knows only "Operation" and "Answer"
+            return FormatError(reason='"Action:" must be "Operation" (with a code block) or "Answer"', text=text)
         return Message(role="assistant", content=action.value)
 
     def render(self, message: Message, *, thought: str | None = None) -> str:
