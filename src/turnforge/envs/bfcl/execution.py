@@ -104,7 +104,9 @@ def execute(call: ToolCall, methods: dict[str, Callable[..., Any]]) -> CallOutco
         message = f"name '{call.name}' is not defined"
         return CallOutcome(call, f"Error during execution: {message}", message, raised=True)
     try:
-        value = method(**call.arguments)
+        # Fresh argument objects, as BFCL's eval of a call string makes: classes keep them in their state
+        # (post_tweet stores `mentions`, mention() extends it), which must not reach back into the reply.
+        value = method(**copy.deepcopy(call.arguments))
     except Exception as e:
         return CallOutcome(call, f"Error during execution: {e}", str(e), raised=True)
     result = result_string(value)
