@@ -22,6 +22,7 @@ _MISSING = re.compile(r"missing \d+ required (?:positional|keyword-only) argumen
 _UNEXPECTED = re.compile(r"got an unexpected keyword argument '(?P<name>[^']+)'")
 _AUTH = re.compile(r"not authenticated|log in|logged in|access token|token (?:expired|not initialized)", re.I)
 _NOT_FOUND = re.compile(r"no such (?:file or )?directory", re.I)
+_PATH_REFUSED = re.compile(r"invalid character|path", re.I)  # the file system takes names, never paths
 _LOGIN_WORDS = ("login", "authenticate")
 
 
@@ -121,7 +122,8 @@ def hint_for(
         login = _login_hint(_owner_docs(name, docs_by_class))
         if login:
             return login
-    if _NOT_FOUND.search(outcome.error):
+    gave_path = any(isinstance(v, str) and "/" in v for v in outcome.call.arguments.values())
+    if _NOT_FOUND.search(outcome.error) or (gave_path and _PATH_REFUSED.search(outcome.error)):
         where = _directory_hint(outcome, instances)
         if where:
             return where
