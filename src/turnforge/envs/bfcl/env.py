@@ -87,6 +87,8 @@ class BfclEnv:
 
     name = "bfcl"
 
+    finished = True  # until reset
+
     def __init__(
         self,
         format: str = "tool_call",
@@ -116,7 +118,7 @@ class BfclEnv:
         self.model_results: list[str] = []  # every model call's result, all turns (the checker's list)
         self.verdicts: list[checking.TurnVerdict] = []
         self.steps = self.steps_in_turn = self.format_errors = self.failed_calls = 0
-        self.force_quit = False
+        self.force_quit = self.finished = False
         return [Message("system", self._system_text()), *self._user_messages(0)]
 
     def tools(self) -> list[dict] | None:
@@ -125,7 +127,8 @@ class BfclEnv:
         return [tool_schema(d) for d in self.docs]
 
     def step(self, reply: Message | FormatError) -> StepResult:
-        assert self.turn < len(self.ground_truth), "call reset(task) first; this episode is over"
+        if self.finished:
+            raise RuntimeError(f"episode of {self.task.id} is over (done was returned); call reset(task)")
         self.steps += 1
         if isinstance(reply, FormatError):
             self.format_errors += 1
@@ -242,6 +245,7 @@ class BfclEnv:
         self.turn += 1
         info = {"progress": self.progress, "turn": t, "turn_valid": self.verdicts[-1].valid}
         if self.turn == len(self.ground_truth) or self.force_quit:
+            self.finished = True
             success = self.score().success
             stop = StopReason.success if success else StopReason.failure
             return StepResult(observation or [], float(success), True, stop, info)
