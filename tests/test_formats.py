@@ -26,7 +26,7 @@ def assistant(content: str, **kw) -> Message:
 
 
 def test_registry_lists_every_format_and_builds_it_under_its_name():
-    assert list_formats() == ["act_line", "react", "react_sql", "tool_call"]
+    assert list_formats() == ["act_line", "bfcl_python", "react", "react_sql", "tool_call"]
     for name in list_formats():
         fmt = get_format(name)
         assert isinstance(fmt, Format)
@@ -34,7 +34,7 @@ def test_registry_lists_every_format_and_builds_it_under_its_name():
 
 
 def test_unknown_format_names_the_choices():
-    with pytest.raises(ValueError, match="unknown format 'json'.*act_line, react, react_sql, tool_call"):
+    with pytest.raises(ValueError, match="unknown format 'json'.*act_line, bfcl_python, react, react_sql, tool_call"):
         get_format("json")
 
 

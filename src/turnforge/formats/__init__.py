@@ -6,6 +6,7 @@ Registered formats (`list_formats()`), each described in its own module:
     get_format("react")      AgentBench ReAct: Thought / Action / Final Answer
     get_format("react_sql")  the same, actions as DBBench's `Action: Operation` + ```sql block
     get_format("tool_call")  Qwen3 / Hermes `<tool_call>` JSON blocks
+    get_format("bfcl_python") BFCL's prompting format: `[func(a=1), g(b='x')]`
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from collections.abc import Callable
 
 from turnforge.formats.act_line import ActLineFormat
 from turnforge.formats.base import Format, FormatError
+from turnforge.formats.bfcl_python import BfclPythonFormat
 from turnforge.formats.react import ReactFormat
 from turnforge.formats.tool_call import ToolCallFormat
 
 _FORMATS: dict[str, Callable[[], Format]] = {
     "act_line": ActLineFormat,
+    "bfcl_python": BfclPythonFormat,
     "react": ReactFormat,
     "react_sql": lambda: ReactFormat(code_language="sql", name="react_sql"),
     "tool_call": ToolCallFormat,

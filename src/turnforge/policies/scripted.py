@@ -17,6 +17,7 @@ from pathlib import Path
 
 from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert
 from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.types import Message
 
 
 def _env_of(prompt: Prompt, policy: str) -> Env:
@@ -100,6 +101,8 @@ class ReplayPolicy:
 
     The JSONL file holds either trajectories (e.g. a run's episodes.jsonl: their assistant messages'
     `content`, in order) or `{"task_id": ..., "replies": [...], "sample": 0}` lines (`sample` optional).
+    An assistant message with `tool_calls` (saved function-calling outputs, e.g. BFCL's: one message per
+    step, a message without calls ends the user turn) is replayed as its calls, written in the env's format.
     An episode whose replies ran out, or that has none, gets `finish_reason="exhausted"` (-> gave_up).
     """
 
@@ -116,14 +119,17 @@ class ReplayPolicy:
         replies = self.replies.get((prompt.task.id, prompt.sample), [])
         if prompt.turn >= len(replies):
             return Generation(text="", finish_reason="exhausted")
-        return Generation(text=replies[prompt.turn])
+        reply = replies[prompt.turn]
+        if isinstance(reply, Message):  # saved tool calls: written in the env's own format
+            return Generation(text=_env_of(prompt, "replay").format.render(reply))
+        return Generation(text=reply)
 
 
-def load_replies(path: Path) -> dict[tuple[str, int], list[str]]:
+def load_replies(path: Path) -> dict[tuple[str, int], list[str | Message]]:
     """(task_id, sample) -> replies, from a JSONL of trajectories or of `{task_id, replies}` lines."""
     if not path.is_file():
         raise ValueError(f"replay file {path} does not exist; give --policy replay:FILE with a JSONL file")
-    replies: dict[tuple[str, int], list[str]] = {}
+    replies: dict[tuple[str, int], list[str | Message]] = {}
     seen_at: dict[tuple[str, int], int] = {}
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -139,7 +145,17 @@ def load_replies(path: Path) -> dict[tuple[str, int], list[str]]:
     return replies
 
 
-def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str]]:
+def _assistant_reply(message: dict) -> str | Message:
+    """The text of a saved assistant message, or the message itself when it carries tool calls."""
+    if message.get("tool_calls"):
+        parsed = Message.from_dict(message)
+        if not all(isinstance(c.name, str) and isinstance(c.arguments, dict) for c in parsed.tool_calls):
+            raise ValueError("a tool call needs a name string and an arguments object")
+        return parsed
+    return message.get("content") or ""
+
+
+def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str | Message]]:
     expected = 'expected a trajectory (with "messages") or {"task_id": ..., "replies": [...]}'
     try:
         record = json.loads(line)
@@ -154,9 +170,12 @@ def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str
         texts = record["replies"]
     elif "messages" in record:
         try:
-            texts = [m.get("content") or "" for m in record["messages"] if m["role"] == "assistant"]
-        except (TypeError, KeyError, AttributeError):
-            raise ValueError(f"{where}: messages must be a list of {{role, content}} objects") from None
+            texts = [_assistant_reply(m) for m in record["messages"] if m["role"] == "assistant"]
+        except (TypeError, KeyError, AttributeError, ValueError):
+            raise ValueError(
+                f"{where}: messages must be a list of {{role, content}} objects (tool_calls: name + arguments)"
+            ) from None
+        return (record["task_id"], sample), texts
     else:
         raise ValueError(f"{where}: {expected}")
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
