@@ -3,7 +3,8 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
-EXTRAS  ?= dev,alfworld,sql
+EXTRAS  ?= dev,alfworld,sql,bfcl
+BFCL    := bfcl-eval==2025.6.8
 comma   := ,
 STAMP   := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
@@ -17,6 +18,8 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
+	# bfcl-eval's own requirements pin numpy 1.26 and pull API clients the multi-turn classes never import.
+	$(if $(findstring bfcl,$(EXTRAS)),$(BIN)/pip install -q --no-deps $(BFCL))
 	touch $(STAMP)
 
 install: $(STAMP)
