@@ -228,7 +228,7 @@ def test_trl_dataset_has_conversational_preference_columns():
     ds = pairs_dataset(_pairs(), "trl")
     assert set(ds.column_names) == {"prompt", "chosen", "rejected", "tools", "reason"}
     assert ds[0]["chosen"] == [{"role": "assistant", "content": "ACTION: go to desk 1"}]
-    assert json.loads(ds[1]["tools"])[0]["function"]["name"] == "act" and ds[0]["tools"] == ""
+    assert json.loads(ds[1]["tools"])[0]["function"]["name"] == "act" and ds[0]["tools"] is None
 
 
 def test_seed_records_with_plain_text_replies_are_read():

@@ -79,14 +79,15 @@ class Pair:
     def to_trl(self, window_messages: Callable[[list], list] | None = None) -> dict[str, Any]:
         """TRL's conversational preference row: `prompt` messages, one-message `chosen` / `rejected`.
 
-        `tools` is a JSON string (TRL's DPOTrainer decodes it) so that rows with and without tools share a column.
+        `tools` is a JSON string (TRL's DPOTrainer decodes it), None when there are none, so that rows with and
+        without tools share one Arrow column.
         """
         prompt = window_messages(self.messages) if window_messages else self.messages
         return {
             "prompt": prompt,
             "chosen": [{"role": "assistant", "content": self.chosen}],
             "rejected": [{"role": "assistant", "content": self.rejected}],
-            "tools": json.dumps(self.tools) if self.tools else "",
+            "tools": json.dumps(self.tools) if self.tools else None,
         }
 
 
@@ -338,9 +339,9 @@ def pairs_dataset(pairs: list[Pair], schema: str = "seed"):
 
 
 def _flat_record(pair: Pair) -> dict[str, Any]:
-    # Arrow needs one type per column: tools as a JSON string ("" when none), as Hub datasets usually store them.
+    # Arrow needs one type per column: tools as a JSON string (None when none), as Hub datasets usually store them.
     record = pair.to_record()
-    record["tools"] = json.dumps(pair.tools) if pair.tools else ""
+    record["tools"] = json.dumps(pair.tools) if pair.tools else None
     return record
 
 
