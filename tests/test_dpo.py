@@ -7,13 +7,14 @@ The pairs are fixed household decision points: after the first observation, a va
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from turnforge.data.dpo_pairs import Pair, save_pairs
+from turnforge.data.dpo_pairs import PAIR_KEYS, Pair, save_pairs
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.models import load_model
 from turnforge.train.dpo import DPOSettings, build_trainer, preference_dataset, run_dpo
@@ -88,3 +89,105 @@ def test_bad_settings_and_no_pairs_are_clear_errors():
         DPOSettings(loss_type="nope")
     with pytest.raises(ValueError, match="no pairs"):
         preference_dataset([], DPOSettings())
+
+
+# ---- the recipes, on the tiny model ------------------------------------------------------------------------------
+
+TINY_BUDGET = [
+    'model.dtype="auto"',
+    "env.options.receptacles=0.3",
+    "env.options.distractors=0",
+    "stages.collect.tasks=4",
+    "stages.sft.max_steps=2",
+    "stages.sft.batch_size=2",
+    "stages.sft.grad_accum=1",
+    "stages.sft.max_length=512",
+    "stages.sft.window=1",
+    "stages.sft.lora.r=8",
+    "stages.collect-policy.tasks=2",
+    "stages.collect-policy.max_turns=3",
+    "stages.collect-policy.max_new_tokens=16",
+    "stages.dpo.max_steps=2",
+    "stages.dpo.learning_rate=1e-3",
+    "stages.dpo.logging_steps=1",
+    "stages.dpo.grad_accum=1",
+    "stages.dpo.batch_size=1",
+    "stages.dpo.window=1",
+    "stages.dpo.max_length=512",
+    "stages.dpo.warmup_ratio=0.0",
+    *(f"stages.{e}.{k}" for e in ("eval-sft", "eval-dpo") for k in ("tasks=2", "max_turns=2", "max_new_tokens=16")),
+]
+
+
+@pytest.mark.slow  # ~60 s on 2 shared cores: two trainings and four rollout stages
+def test_alfworld_dpo_recipe_runs_on_the_tiny_model(tmp_path):
+    """collect -> sft -> collect-policy -> dpo -> evals, two training steps each: pairs mined, DPO weights moved."""
+    from rich.console import Console
+
+    from turnforge.pipeline import run_recipe
+    from turnforge.recipes import load_recipe
+
+    out = tmp_path / "run"
+    summary = run_recipe(load_recipe("alfworld_dpo", overrides=TINY_BUDGET, model="tiny"), out, console=Console(quiet=True))
+    result = summary["stages"]["dpo"]["result"]
+    stage = out / "stages/04-dpo"
+    pairs = [json.loads(line) for line in (stage / "pairs.jsonl").read_text().splitlines()]
+    assert pairs and result["pairs_by_reason"] == dict(Counter(p["reason"] for p in pairs))
+    assert result["steps"] == 2 and result["mining"]["episodes"] == 4
+    sft = load_file(out / "stages/02-sft/model/model.safetensors")
+    dpo = load_file(stage / "model/model.safetensors")
+    assert any(not torch.equal(sft[k], dpo[k]) for k in sft)
+    assert set(summary["eval"]) == {"sft", "dpo"}
+
+
+STAGE_RECIPE = """\
+[model]
+name = "{model}"
+
+[env]
+name = "household"
+
+[env.options]
+receptacles = 0.3
+distractors = 0
+
+[[stages]]
+kind = "collect"
+policy = "{policy}"
+tasks = 2
+max_turns = 6
+
+[[stages]]
+kind = "dpo"
+data = ["collect"]
+model = "base"
+max_steps = 1
+batch_size = 2
+window = 1
+max_length = 512
+"""
+
+
+def _stage_run(tmp_path, model: str, policy: str):
+    from rich.console import Console
+
+    from turnforge.pipeline import run_recipe
+    from turnforge.recipes import load_recipe
+
+    path = tmp_path / "r.toml"
+    path.write_text(STAGE_RECIPE.format(model=model, policy=policy))
+    return run_recipe(load_recipe(path), tmp_path / "run", console=Console(quiet=True))
+
+
+def test_dpo_stage_mines_random_rollouts_and_trains(tiny_model_dir, tmp_path):
+    summary = _stage_run(tmp_path, str(tiny_model_dir), "random")
+    result = summary["stages"]["dpo"]["result"]
+    pairs = [json.loads(line) for line in (tmp_path / "run/stages/02-dpo/pairs.jsonl").read_text().splitlines()]
+    assert pairs and set(PAIR_KEYS) <= set(pairs[0])
+    assert result["pairs_by_reason"] == dict(Counter(p["reason"] for p in pairs)) and result["steps"] == 1
+    assert (tmp_path / "run" / result["model"] / "config.json").is_file()
+
+
+def test_dpo_stage_without_pairs_says_why(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="no DPO pairs: 2 episodes replayed, 0 defective"):
+        _stage_run(tmp_path, str(tiny_model_dir), "expert")

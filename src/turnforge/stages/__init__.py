@@ -11,11 +11,17 @@ from typing import Any
 
 from turnforge.stages.collect import run_collect
 from turnforge.stages.context import ModelRef, RunContext, stage_folder
+from turnforge.stages.dpo import run_dpo_stage
 from turnforge.stages.eval import EVAL_DIR, run_eval_stage
 from turnforge.stages.sft import run_sft_stage
 
 StageRunner = Callable[[Any, int, Path, RunContext], dict[str, Any]]
 
-RUNNERS: dict[str, StageRunner] = {"collect": run_collect, "sft": run_sft_stage, "eval": run_eval_stage}
+RUNNERS: dict[str, StageRunner] = {
+    "collect": run_collect,
+    "sft": run_sft_stage,
+    "dpo": run_dpo_stage,
+    "eval": run_eval_stage,
+}
 
 __all__ = ["EVAL_DIR", "RUNNERS", "ModelRef", "RunContext", "StageRunner", "stage_folder"]
