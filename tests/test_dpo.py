@@ -140,6 +140,51 @@ def test_alfworld_dpo_recipe_runs_on_the_tiny_model(tmp_path):
     assert set(summary["eval"]) == {"sft", "dpo"}
 
 
+IRONGUARD_BUDGET = [
+    'model.dtype="auto"',
+    "env.options.receptacles=0.3",
+    "env.options.distractors=0",
+    "stages.collect-policy.tasks=2",
+    "stages.collect-policy.max_turns=3",
+    "stages.collect-policy.max_new_tokens=16",
+    "stages.dpo.max_steps=2",
+    "stages.dpo.learning_rate=1e-3",
+    "stages.dpo.grad_accum=1",
+    "stages.dpo.batch_size=1",
+    "stages.dpo.window=1",
+    "stages.dpo.max_length=512",
+    *(f"stages.{e}.{k}" for e in ("eval-base", "eval-dpo") for k in ("tasks=2", "max_turns=2", "max_new_tokens=16")),
+]
+
+
+@pytest.mark.slow  # ~40 s on 2 shared cores
+def test_agentbench_ironguard_household_half_runs_on_the_tiny_model(tmp_path):
+    from rich.console import Console
+
+    from turnforge.pipeline import run_recipe
+    from turnforge.recipes import load_recipe
+
+    recipe = load_recipe("agentbench_ironguard", overrides=IRONGUARD_BUDGET, model="tiny")
+    summary = run_recipe(recipe, tmp_path / "run", console=Console(quiet=True))
+    result = summary["stages"]["dpo"]["result"]
+    assert result["steps"] == 2 and set(result["pairs_by_reason"]) <= {"verbose", "loop", "format"}
+    assert set(summary["eval"]) == {"base", "dpo"}
+
+
+@pytest.mark.parametrize(("name", "budget"), [("alfworld_dpo", TINY_BUDGET), ("agentbench_ironguard", IRONGUARD_BUDGET)])
+def test_dpo_recipes_parse_with_the_seed_settings(name, budget):
+    from turnforge.recipes import load_recipe
+
+    dpo = load_recipe(name).stage("dpo")
+    assert dpo.beta == 0.1 and dpo.max_length == 2048
+    if name == "alfworld_dpo":
+        assert (dpo.learning_rate, dpo.epochs, dpo.lora.r, dpo.lora.alpha, dpo.lora.dropout) == (8e-7, 1, 64, 128, 0.0)
+        assert dpo.model == "sft" and load_recipe(name).stage("sft").merge
+    else:
+        assert dpo.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert load_recipe(name, overrides=budget, model="tiny").stage("dpo").max_steps == 2
+
+
 STAGE_RECIPE = """\
 [model]
 name = "{model}"
