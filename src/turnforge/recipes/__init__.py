@@ -11,7 +11,7 @@ found by bare name: `turnforge run quickstart`, `turnforge run recipes/quickstar
     format = "act_line"
     [env.options]
     grammar = "0.3"
-    [[stages]]                           # run in order; kinds: collect | sft | eval
+    [[stages]]                           # run in order; kinds: collect | sft | dpo | eval
     kind = "collect"                     # expert episodes on train -> stages/01-collect/trajectories.jsonl
     tasks = 1500
     [[stages]]
@@ -38,6 +38,7 @@ from turnforge.recipes.loading import (
 )
 from turnforge.recipes.schema import (
     CollectStage,
+    DPOStageConfig,
     EnvConfig,
     EvalStage,
     ModelConfig,
@@ -49,6 +50,7 @@ from turnforge.recipes.schema import (
 
 __all__ = [
     "CollectStage",
+    "DPOStageConfig",
     "EnvConfig",
     "EvalStage",
     "ModelConfig",

@@ -152,20 +152,64 @@ class SFTStageConfig(TrainStage):
         return self
 
 
-@functools.cache
-def sft_stage_class() -> type[SFTStageConfig]:
-    """SFTStageConfig + every field of `SFTSettings`, with its type and default (imports the training code)."""
-    from turnforge.models import LoraSpec
-    from turnforge.train.sft import SFTSettings
+class DPOStageConfig(TrainStage):
+    """`kind = "dpo"`: round-wise DPO on pairs mined from earlier collect stages and/or pair datasets.
 
-    hints = typing.get_type_hints(SFTSettings, localns={"LoraSpec": LoraSpec})
+    The training fields are those of `turnforge.train.dpo.DPOSettings` (see `dpo_stage_class`).
+    """
+
+    kind: Literal["dpo"] = "dpo"
+    name: str = Field(default="dpo", pattern=STAGE_NAME)
+    data: list[str] = Field(min_length=1)
+    """Earlier collect stages (their trajectories are mined), or pair datasets: `hf:NAME[:SPLIT]`, JSONL/parquet files
+    in the seed schema (messages, chosen, rejected, reason) or TRL's (prompt, chosen, rejected)."""
+    reasons: list[str] | None = None
+    """Keep mined pairs of these reasons only (format, task_succeeded_negative, loop, implausible_location,
+    invalid_action, verbose, or an env's own); unset = all."""
+    verbose_chars: int = Field(default=160, ge=0)
+    """A valid reply is `verbose` when longer than its concise rendering by more than this many characters."""
+
+    def settings(self) -> Any:
+        """The `DPOSettings` this stage trains with."""
+        from turnforge.train.dpo import DPOSettings
+
+        return DPOSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DPOSettings)})
+
+    @model_validator(mode="after")
+    def _settings_are_valid(self) -> DPOStageConfig:
+        self.settings()
+        return self
+
+
+def with_settings_fields(name: str, base: type[BaseModel], settings_cls: type) -> type[Any]:
+    """`base` + every field of the dataclass `settings_cls`, with its type and default (one source of truth)."""
+    from turnforge.models import LoraSpec
+    from turnforge.rewards import RewardWeights
+
+    hints = typing.get_type_hints(settings_cls, localns={"LoraSpec": LoraSpec, "RewardWeights": RewardWeights})
     fields: dict[str, Any] = {}
-    for f in dataclasses.fields(SFTSettings):
+    for f in dataclasses.fields(settings_cls):
         if f.default is not dataclasses.MISSING:
             fields[f.name] = (hints[f.name], f.default)
         else:
             fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
-    return create_model("SFTStage", __base__=SFTStageConfig, __doc__=SFTStageConfig.__doc__, **fields)
+    return create_model(name, __base__=base, __doc__=base.__doc__, **fields)
+
+
+@functools.cache
+def sft_stage_class() -> type[SFTStageConfig]:
+    """SFTStageConfig + every field of `SFTSettings` (imports the training code)."""
+    from turnforge.train.sft import SFTSettings
+
+    return with_settings_fields("SFTStage", SFTStageConfig, SFTSettings)
+
+
+@functools.cache
+def dpo_stage_class() -> type[DPOStageConfig]:
+    """DPOStageConfig + every field of `DPOSettings` (imports the training code)."""
+    from turnforge.train.dpo import DPOSettings
+
+    return with_settings_fields("DPOStage", DPOStageConfig, DPOSettings)
 
 
 def lora_spec_class() -> type:
@@ -178,6 +222,7 @@ def lora_spec_class() -> type:
 _STAGE_CLASSES: dict[str, typing.Callable[[], type[StageConfig]]] = {
     "collect": lambda: CollectStage,
     "sft": sft_stage_class,
+    "dpo": dpo_stage_class,
     "eval": lambda: EvalStage,
     "rft": lambda: _training().RFTStageConfig,
     "grpo": lambda: _training().grpo_stage_class("grpo"),

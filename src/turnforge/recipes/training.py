@@ -15,29 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from turnforge.recipes.schema import STAGE_NAME, RolloutStage, Table, TrainStage
-
-
-def settings_fields(cls: type, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Pydantic field definitions (type, default) for every field of a settings dataclass."""
-    from turnforge.models import LoraSpec
-    from turnforge.rewards import RewardWeights
-
-    hints = typing.get_type_hints(cls, localns={"LoraSpec": LoraSpec, "RewardWeights": RewardWeights})
-    fields: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        if f.default is not dataclasses.MISSING:
-            fields[f.name] = (hints[f.name], f.default)
-        else:
-            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
-    return fields
+from turnforge.recipes.schema import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
 
 
 class TaskFilter(Table):
@@ -91,7 +73,7 @@ class RFTStageConfig(RolloutStage, TrainStage):
 def sft_settings_model() -> type[Table]:
     from turnforge.train.sft import SFTSettings
 
-    return create_model("SFTSettingsTable", __base__=Table, **settings_fields(SFTSettings))
+    return with_settings_fields("SFTSettingsTable", Table, SFTSettings)
 
 
 class GRPOStageBase(TrainStage, TaskFilter):
@@ -159,4 +141,4 @@ def grpo_stage_class(kind: str) -> type[GRPOStageBase]:
     from turnforge.train.grpo import GRPOSettings
 
     base = {"grpo": GRPOStageConfig, "envtune": EnvTuneStageConfig}[kind]
-    return create_model(base.__name__, __base__=base, __doc__=base.__doc__, **settings_fields(GRPOSettings))
+    return with_settings_fields(base.__name__, base, GRPOSettings)

@@ -11,6 +11,7 @@ from typing import Any
 
 from turnforge.stages.collect import run_collect
 from turnforge.stages.context import ModelRef, RunContext, stage_folder
+from turnforge.stages.dpo import run_dpo_stage
 from turnforge.stages.eval import EVAL_DIR, run_eval_stage
 from turnforge.stages.grpo import run_envtune_stage, run_grpo_stage
 from turnforge.stages.rft import run_rft_stage
@@ -25,6 +26,7 @@ RUNNERS: dict[str, StageRunner] = {
     "rft": run_rft_stage,
     "grpo": run_grpo_stage,
     "envtune": run_envtune_stage,
+    "dpo": run_dpo_stage,
 }
 
 __all__ = ["EVAL_DIR", "RUNNERS", "ModelRef", "RunContext", "StageRunner", "stage_folder"]

@@ -5,12 +5,17 @@ AgentBench show it). Options: `grammar` (0.3: "put X in/on Y", "You arrive at lo
 to Y", "You arrive at {recep}."), `hints` (replace "Nothing happens." by an actionable correction),
 `admissible` (append the admissible commands to each observation), `format`, `max_steps` (50, as
 ALFWorld evaluations use).
+
+Each step's `info["defects"]` lists what was wrong with the reply, for DPO pair mining
+(docs/decisions.md, "per-step defects"): "invalid_action" (the game answered "Nothing happens.") and
+"implausible_location" (went to / opened / examined, empty-handed, a receptacle whose type never holds
+the goal object, nor is the goal receptacle, the transform appliance or a place the lamp stands).
 """
 
 from __future__ import annotations
 
-from turnforge.envs.household.catalog import TRANSFORM_STATE
-from turnforge.envs.household.engine import NOTHING, World
+from turnforge.envs.household.catalog import TRANSFORM_APPLIANCE, TRANSFORM_STATE, is_plausible
+from turnforge.envs.household.engine import NOTHING, Check, World
 from turnforge.envs.household.expert import expert_plan
 from turnforge.envs.household.explorer import Explorer
 from turnforge.formats import get_format
@@ -112,6 +117,7 @@ class HouseholdEnv:
         assert self.world is not None, "call reset(task) first"
         self.steps += 1
         hint = None
+        defects: list[str] = []  # a format error is the miner's "format" reason, not an env defect
         if isinstance(reply, FormatError):
             self.format_errors += 1
             hint = self.format.error_observation(reply)
@@ -120,6 +126,7 @@ class HouseholdEnv:
             action, call_id = action_of(reply)
             text, chk = self.world.step(action)
             self._advance_plan(action, chk.ok)
+            defects = self._defects(chk)
             if not chk.ok:
                 self.invalid += 1
                 hint = chk.reason
@@ -129,7 +136,7 @@ class HouseholdEnv:
         won = self.world.goal_reached()
         done = won or self.steps >= self.max_steps
         stop = StopReason.success if won else (StopReason.max_turns if done else None)
-        info = {"progress": self.progress, "won": won}
+        info = {"progress": self.progress, "won": won, "defects": defects}
         if hint:
             info["hint"] = hint
         return StepResult([self._observation(text, call_id)], float(won), done, stop, info)
@@ -164,6 +171,24 @@ class HouseholdEnv:
         return self.action_message(self._plan[0] if self._plan else "look")
 
     # ---- internals -----------------------------------------------------------------------------------
+
+    def _defects(self, chk: Check) -> list[str]:
+        """The per-step defects of a parsed command (design: contract_defects), from the state after it ran."""
+        if not chk.ok:
+            return ["invalid_action"]
+        if chk.verb in ("goto", "open", "examine_receptacle") and self._implausible(chk.args[0]):
+            return ["implausible_location"]
+        return []
+
+    def _implausible(self, rname: str) -> bool:
+        """Searching (empty-handed) a receptacle type that never holds the goal object and serves no goal step."""
+        g = self.world.goal
+        if self.world.held is not None:  # carrying something: delivering or putting it down, not searching
+            return False
+        rtype = self.world.receptacles[rname].type
+        if rtype in (g["receptacle"], TRANSFORM_APPLIANCE.get(g["transform"] or "")):
+            return False
+        return not is_plausible(g["object"], rtype) and not (g["toggle"] and is_plausible(g["toggle"], rtype))
 
     def _advance_plan(self, action: str, ok: bool) -> None:
         # The cached expert plan stays valid only while the episode follows it.
