@@ -107,6 +107,7 @@ TINY_BUDGET = [
     "stages.collect-policy.tasks=2",
     "stages.collect-policy.max_turns=3",
     "stages.collect-policy.max_new_tokens=16",
+    *(f"stages.collect-sql.{k}" for k in ("tasks=2", "max_turns=3", "max_new_tokens=16")),
     "stages.dpo.max_steps=2",
     "stages.dpo.learning_rate=1e-3",
     "stages.dpo.logging_steps=1",
@@ -147,18 +148,24 @@ IRONGUARD_BUDGET = [
     "stages.collect-policy.tasks=2",
     "stages.collect-policy.max_turns=3",
     "stages.collect-policy.max_new_tokens=16",
+    *(f"stages.collect-sql.{k}" for k in ("tasks=2", "max_turns=3", "max_new_tokens=16")),
     "stages.dpo.max_steps=2",
     "stages.dpo.learning_rate=1e-3",
     "stages.dpo.grad_accum=1",
     "stages.dpo.batch_size=1",
     "stages.dpo.window=1",
     "stages.dpo.max_length=512",
-    *(f"stages.{e}.{k}" for e in ("eval-base", "eval-dpo") for k in ("tasks=2", "max_turns=2", "max_new_tokens=16")),
+    *(
+        f"stages.{e}.{k}"
+        for e in ("eval-base", "eval-dpo", "eval-sql-base", "eval-sql-dpo")
+        for k in ("tasks=2", "max_turns=2", "max_new_tokens=16")
+    ),
 ]
 
 
 @pytest.mark.slow  # ~40 s on 2 shared cores
-def test_agentbench_ironguard_household_half_runs_on_the_tiny_model(tmp_path):
+def test_agentbench_ironguard_runs_on_the_tiny_model_over_household_and_sql(tmp_path):
+    """Both collect stages (household, and the SQL env in DBBench's format) feed one DPO stage."""
     from rich.console import Console
 
     from turnforge.pipeline import run_recipe
@@ -167,8 +174,13 @@ def test_agentbench_ironguard_household_half_runs_on_the_tiny_model(tmp_path):
     recipe = load_recipe("agentbench_ironguard", overrides=IRONGUARD_BUDGET, model="tiny")
     summary = run_recipe(recipe, tmp_path / "run", console=Console(quiet=True))
     result = summary["stages"]["dpo"]["result"]
-    assert result["steps"] == 2 and set(result["pairs_by_reason"]) <= {"verbose", "loop", "format"}
-    assert set(summary["eval"]) == {"base", "dpo"}
+    reasons = {"verbose", "loop", "format", "sql_error", "wrong_table", "answer_without_query"}
+    assert result["steps"] == 2 and set(result["pairs_by_reason"]) <= reasons
+    assert result["mining"]["episodes"] == 8  # 2 tasks x 2 samples in each env
+    pairs = [json.loads(line) for line in (tmp_path / "run/stages/03-dpo/pairs.jsonl").read_text().splitlines()]
+    ids = {p["task_id"] for p in pairs}
+    assert any(i.startswith("sql-") for i in ids) and any(not i.startswith("sql-") for i in ids), ids
+    assert set(summary["eval"]) == {"base", "dpo", "sql-base", "sql-dpo"}
 
 
 @pytest.mark.parametrize(("name", "budget"), [("alfworld_dpo", TINY_BUDGET), ("agentbench_ironguard", IRONGUARD_BUDGET)])

@@ -122,7 +122,8 @@ def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str
     stage = recipe.stages[index]
     inputs: dict[str, Any] = {"stage": stage.model_dump(mode="json", exclude=set(stage.NOT_IN_HASH))}
     if stage.ROLLS_OUT:
-        inputs["env"] = {"name": recipe.env.name, "options": recipe.env_options()}
+        name, options = recipe.stage_env(stage)
+        inputs["env"] = {"name": name, "options": options}
     reads = [s for s in recipe.data_sources(index) if s in hashes]
     if isinstance(stage, TrainStage) or getattr(stage, "policy", None) == "hf":
         source = recipe.model_source(index)

@@ -108,9 +108,8 @@ def loop_penalty(traj: Trajectory) -> float:
 def reply_observation_pairs(traj: Trajectory) -> list[tuple[str, str]]:
     """(assistant reply, the env's answer to it) per turn, whitespace-normalised, from the conversation."""
     pairs: list[tuple[str, str]] = []
-    for i, message in enumerate(traj.messages):
-        if message.role != "assistant":
-            continue
+    for i in traj.reply_indices():
+        message = traj.messages[i]
         answer = []
         for later in traj.messages[i + 1 :]:
             if later.role == "assistant":

@@ -158,6 +158,12 @@ class Trajectory:
     model: str | None = None
     tools: list[dict[str, Any]] | None = None
 
+    def reply_indices(self) -> list[int]:
+        """Positions in `messages` of the replies the policy wrote: the last len(turns) assistant messages (an
+        env's first messages may hold assistant turns of its own, e.g. DBBench's few-shot "Ok.")."""
+        assistant = [i for i, m in enumerate(self.messages) if m.role == "assistant"]
+        return assistant[len(assistant) - len(self.turns) :] if self.turns else []
+
     @property
     def key(self) -> tuple[str, int]:
         """(task_id, sample): identifies an episode within a run (used to resume)."""

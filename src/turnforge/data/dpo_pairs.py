@@ -198,10 +198,6 @@ def judge_reply(env: Env, reply: str, past: list[Judged], settings: MiningSettin
 # Mining
 
 
-def _assistant_indices(messages: list[Message]) -> list[int]:
-    return [i for i, m in enumerate(messages) if m.role == "assistant"]
-
-
 def _history_key(messages: list[Message]) -> str:
     return json.dumps([m.to_dict() for m in messages], sort_keys=True)
 
@@ -218,7 +214,7 @@ def _replay(env_factory: Callable[[], Env], task: Task, replies: list[str], sett
 
 def replay_trajectory(traj: Trajectory, env_factory: Callable[[], Env], task: Task, settings: MiningSettings) -> list[Judged] | None:
     """Every assistant reply of `traj` judged in a fresh env; None when the replay's observations differ from the record."""
-    starts = _assistant_indices(traj.messages)
+    starts = traj.reply_indices()
     _, judged = _replay(env_factory, task, [traj.messages[i].content for i in starts], settings)
     for n, i in enumerate(starts):
         nxt = starts[n + 1] if n + 1 < len(starts) else len(traj.messages)
@@ -279,7 +275,7 @@ def mine_dpo_pairs(
     siblings = _sibling_replies(judged_all)
     pairs, seen = [], set()
     for traj, judged in judged_all:
-        starts = _assistant_indices(traj.messages)
+        starts = traj.reply_indices()
         counts.turns += len(judged)
         for n, j in enumerate(judged):
             if not j.defects:
@@ -312,7 +308,7 @@ def _sibling_replies(judged_all: list[tuple[Trajectory, list[Judged]]]) -> dict[
     for traj, judged in judged_all:
         if not traj.score.success:
             continue
-        for n, i in enumerate(_assistant_indices(traj.messages)):
+        for n, i in enumerate(traj.reply_indices()):
             if not judged[n].defects:
                 out.setdefault(_history_key(traj.messages[:i]), judged[n].reply)
     return out

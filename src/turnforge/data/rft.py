@@ -19,7 +19,7 @@ from turnforge.types import Trajectory
 
 def replies_key(traj: Trajectory) -> tuple[str, ...]:
     """The assistant's replies, whitespace-normalised: equal keys = the same episode for training."""
-    return tuple(" ".join(m.content.split()) for m in traj.messages if m.role == "assistant")
+    return tuple(" ".join(traj.messages[i].content.split()) for i in traj.reply_indices())
 
 
 def select_rft(

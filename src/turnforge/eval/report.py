@@ -98,8 +98,9 @@ def comparison_markdown(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_loss(metrics_file: Path, png: Path, title: str) -> Path | None:
-    """Training loss against step from a metrics.jsonl (lines with `step` and `loss`); None when it has none."""
+def plot_loss(metrics_file: Path, png: Path, title: str, key: str = "loss") -> Path | None:
+    """`key` (the training loss; GRPO's mean episode `reward`) against step from a metrics.jsonl (lines with
+    `step` and `key`); None when it has none."""
     points = []
     if metrics_file.exists():
         for line in metrics_file.read_text(encoding="utf-8").splitlines():
@@ -107,8 +108,8 @@ def plot_loss(metrics_file: Path, png: Path, title: str) -> Path | None:
                 entry = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a kill
-            if isinstance(entry, dict) and "loss" in entry and "step" in entry:
-                points.append((entry["step"], entry["loss"]))
+            if isinstance(entry, dict) and entry.get(key) is not None and "step" in entry:
+                points.append((entry["step"], entry[key]))
     if not points:
         return None
     from matplotlib.figure import Figure  # the object API renders with Agg; no pyplot, no display needed
@@ -117,7 +118,7 @@ def plot_loss(metrics_file: Path, png: Path, title: str) -> Path | None:
     ax = fig.add_subplot()
     steps, losses = zip(*points, strict=True)
     ax.plot(steps, losses, marker="o" if len(points) < 30 else None)
-    ax.set(xlabel="optimizer step", ylabel="training loss", title=title)
+    ax.set(xlabel="optimizer step", ylabel="training loss" if key == "loss" else f"mean {key}", title=title)
     ax.grid(alpha=0.3)
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120, bbox_inches="tight")
@@ -133,13 +134,22 @@ def stage_result_text(kind: str, result: dict[str, Any]) -> str:
         return (
             f"{result['steps']} steps on {result['examples']} examples, mean loss {result['train_loss']:.3f}"
         )
+    if kind == "rft":
+        y = result["yield"]
+        return (
+            f"kept {y['kept']} of {y['sampled']} sampled episodes (yield {100 * y['yield']:.1f}%), "
+            f"then {result['steps']} SFT steps on {result['examples']} examples"
+        )
+    if kind in ("grpo", "envtune") and "episodes" in result:
+        return f"{result['steps']} steps, {result['episodes']} episodes"
     return ", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, int | float))
 
 
 def write_report(
     out_dir: Path, summary: dict[str, Any], recipe_toml: str, loss_files: dict[str, Path]
 ) -> Path:
-    """OUT/report.md (+ OUT/plots/<stage>_loss.png for each sft stage) from the run's summary.json dict."""
+    """OUT/report.md (+ OUT/plots/<stage>_loss.png per training stage, <stage>_reward.png for GRPO) from the
+    run's summary.json dict."""
     out_dir = Path(out_dir)
     lines = [f"# {summary['recipe']}", ""]
     if summary.get("description"):
@@ -159,11 +169,12 @@ def write_report(
     lines.append("")
     plots = []
     for stage_id, metrics in loss_files.items():
-        png = plot_loss(metrics, out_dir / PLOTS_DIR / f"{stage_id}_loss.png", f"{stage_id}: training loss")
-        if png is not None:
-            plots.append(f"![{stage_id} training loss]({png.relative_to(out_dir)})")
+        for key, what in (("loss", "training loss"), ("reward", "reward per step")):
+            png = plot_loss(metrics, out_dir / PLOTS_DIR / f"{stage_id}_{key}.png", f"{stage_id}: {what}", key)
+            if png is not None:
+                plots.append(f"![{stage_id} {what}]({png.relative_to(out_dir)})")
     if plots:
-        lines += ["## Training loss", "", *plots, ""]
+        lines += ["## Training curves", "", *plots, ""]
     lines += ["## Recipe (resolved)", "", "```toml", recipe_toml.rstrip(), "```", ""]
     path = out_dir / REPORT_FILE
     path.write_text("\n".join(lines), encoding="utf-8")

@@ -49,6 +49,15 @@ class Recipe:
         """The env's options with `format` folded in, as `make_env` takes them."""
         return {**self.env.options, **({"format": self.env.format} if self.env.format else {})}
 
+    def stage_env(self, stage: StageConfig) -> tuple[str, dict[str, Any]]:
+        """(env name, options) a stage plays: the recipe's [env] with the stage's `env` table on top; a `name`
+        there picks another env, whose options are then the stage's alone (e.g. Iron Guard's SQL collect)."""
+        over = dict(getattr(stage, "env", None) or {})
+        name = over.pop("name", self.env.name)
+        if name != self.env.name:
+            return name, over
+        return name, {**self.env_options(), **over}
+
     def model_source(self, index: int) -> str | None:
         """Id of the stage whose model stage `index` uses, or None for the base model ([model])."""
         stage = self.stages[index]
@@ -232,10 +241,21 @@ def _check_env(recipe: Recipe, report: _Problems) -> None:
             report.add(loc, str(e))
     recipe.env.options = {k: v for k, v in coerced.items() if not (k == "format" and recipe.env.format)}
     for i, stage in enumerate(recipe.stages):
-        if stage is not None and stage.ROLLS_OUT and spec.splits and stage.split not in spec.splits:
-            splits = ", ".join(spec.splits)
+        if stage is None or not stage.ROLLS_OUT:
+            continue
+        stage_spec = spec
+        if getattr(stage, "env", None):
+            name, options = recipe.stage_env(stage)
+            try:
+                stage_spec = get_env_spec(name)
+                stage_spec.coerce_options({k: v if isinstance(v, str) else _toml_scalar(v) for k, v in options.items()})
+            except ValueError as e:
+                report.add(("stages", i, "env"), str(e))
+                continue
+        if stage_spec.splits and stage.split not in stage_spec.splits:
+            splits = ", ".join(stage_spec.splits)
             report.add(
-                ("stages", i, "split"), f"env {spec.name!r} has no split {stage.split!r}; splits are {splits}"
+                ("stages", i, "split"), f"env {stage_spec.name!r} has no split {stage.split!r}; splits are {splits}"
             )
 
 
@@ -309,7 +329,10 @@ def _apply_override(raw: dict, pair: str, report: _Problems) -> None:
                 return
             target, loc = target[index], (*loc, index)
             continue
-        nxt = target.setdefault(part, {}) if isinstance(target, dict) else None
+        if isinstance(target, list):  # an array of tables, e.g. stages.envtune.phases.0.steps
+            nxt = target[int(part)] if part.isdigit() and int(part) < len(target) else None
+        else:
+            nxt = target.setdefault(part, {}) if isinstance(target, dict) else None
         if not isinstance(nxt, dict | list):
             report.add_message(f"--set {pair}: {'.'.join(parts[: depth + 1])} is not a table")
             return

@@ -91,6 +91,9 @@ class RolloutStage(StageConfig):
     with (for "base": the recipe's first sft stage's), or the whole history when there is none."""
     batch_size: int = Field(default=64, ge=1)
     """Episodes open at once (the generate batch)."""
+    env: dict[str, Any] = Field(default_factory=dict)
+    """Env options on top of the recipe's [env.options] for this stage; with `name`, another env altogether
+    (its options are then this table's alone), e.g. `env = { name = "sql", generate = 200 }`."""
     NOT_IN_HASH: ClassVar[frozenset[str]] = frozenset({"batch_size"})
 
     def sampling(self) -> SamplingParams:

@@ -1,9 +1,9 @@
 """Stage `dpo`: mine round-wise pairs from earlier rollouts, then DPO-train the stage's model on them.
 
-The data are earlier collect stages (their `trajectories.jsonl` are replayed in the recipe's env and every
-defective reply becomes a pair: `turnforge.data.dpo_pairs.mine_dpo_pairs`), trajectory JSONL files, and pair
-datasets made elsewhere (`hf:NAME`, JSONL/parquet in the seed or TRL schema) — the way to bring pairs of
-another env, since a recipe has one [env]. Everything lands in `stages/NN-<id>/pairs.jsonl` (seed schema +
+The data are earlier collect stages (their `trajectories.jsonl` are replayed in the env each collect stage
+played — the recipe's, or its own `env = { name = ... }` — and every defective reply becomes a pair:
+`turnforge.data.dpo_pairs.mine_dpo_pairs`), trajectory JSONL files (replayed in the recipe's env), and pair
+datasets made elsewhere (`hf:NAME`, JSONL/parquet in the seed or TRL schema). Everything lands in `stages/NN-<id>/pairs.jsonl` (seed schema +
 provenance), the per-reason counts in done.json, and the model trained by `turnforge.train.dpo.run_dpo` in
 `stages/NN-<id>/model` (LoRA on the start model, merged unless `merge = false`).
 
@@ -75,22 +75,25 @@ def run_dpo_stage(stage: DPOStageConfig, index: int, stage_dir: Path, ctx: RunCo
 
 
 def stage_pairs(stage: DPOStageConfig, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:
-    """Mined pairs of the trajectory sources, then the pairs of the pair datasets, in `data` order."""
-    trajectories: list[Trajectory] = []
+    """Mined pairs of the trajectory sources, then the pairs of the pair datasets, in `data` order.
+
+    A collect stage's trajectories replay in the env that stage played (its own `env` table, e.g. Iron
+    Guard's SQL collect); trajectory files replay in the recipe's env."""
+    settings = MiningSettings(verbose_chars=stage.verbose_chars, reasons=tuple(stage.reasons) if stage.reasons else None)
+    mined: list[Pair] = []
     imported: list[Pair] = []
     for source in ctx.recipe.data_sources(index):
         path = data_path(source, ctx)
-        if _holds_trajectories(path):
-            trajectories += _read_trajectories(Path(path))
-        else:
+        if not _holds_trajectories(path):
             imported += load_pairs(path)
-    mined: list[Pair] = []
-    if trajectories:
-        settings = MiningSettings(verbose_chars=stage.verbose_chars, reasons=tuple(stage.reasons) if stage.reasons else None)
-        env_name = ctx.recipe.env.name
-        options = get_env_spec(env_name).coerce_options(ctx.recipe.env_options())
+            continue
+        collect = ctx.recipe.stage(source) if any(s.id == source for s in ctx.recipe.stages) else None
+        env_name, raw_options = ctx.recipe.stage_env(collect) if collect is not None else (
+            ctx.recipe.env.name, ctx.recipe.env_options())
+        options = get_env_spec(env_name).coerce_options(raw_options)
+        trajectories = _read_trajectories(Path(path))
         tasks = _tasks_of(trajectories, env_name, options)
-        mined = mine_dpo_pairs(trajectories, partial(make_env, env_name, **options), tasks, settings, counts)
+        mined += mine_dpo_pairs(trajectories, partial(make_env, env_name, **options), tasks, settings, counts)
     if stage.reasons:
         imported = [p for p in imported if p.reason in stage.reasons]
     return mined + imported

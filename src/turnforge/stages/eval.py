@@ -45,9 +45,10 @@ def run_rollouts(stage: RolloutStage, index: int, out: Path, ctx: RunContext) ->
             "batch_size": stage.batch_size,
         }
         model_options = {"params": stage.sampling(), "policy_options": policy_options}
+    env, env_options = ctx.recipe.stage_env(stage)
     return run_eval(
-        env=ctx.recipe.env.name,
-        env_options=ctx.recipe.env_options(),
+        env=env,
+        env_options=env_options,
         policy_spec=stage.policy,
         split=stage.split,
         n_tasks=stage.tasks,

@@ -14,6 +14,7 @@ A killed envtune stage resumes at the first phase without its `model/` folder.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -49,42 +50,58 @@ def run_grpo_stage(stage: Any, index: int, stage_dir: Path, ctx: RunContext) -> 
     from turnforge.train.grpo import run_grpo
 
     start = ctx.model(ctx.recipe.model_source(index))
-    options = {**ctx.recipe.env_options(), **stage.env}
-    tasks = select_tasks(ctx.recipe.env.name, options, stage.split, stage.tasks, stage.categories, stage.difficulty)
-    result = run_grpo(start.path, ctx.recipe.env.name, options, tasks, stage_dir, stage.settings(), start.adapter)
+    env, options = ctx.recipe.stage_env(stage)
+    tasks = select_tasks(env, options, stage.split, stage.tasks, stage.categories, stage.difficulty)
+    result = run_grpo(start.path, env, options, tasks, stage_dir, stage.settings(), start.adapter)
     return {**result, **_outputs(stage_dir, ctx), "tasks": len(tasks)}
 
 
 def run_envtune_stage(stage: Any, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.grpo import MODEL_DIR, run_grpo
+    from turnforge.train.grpo import METRICS_FILE, MODEL_DIR, run_grpo
 
     start = ctx.model(ctx.recipe.model_source(index))
     model, adapter = start.path, start.adapter
     phases = []
+    combined = stage_dir / METRICS_FILE
+    combined.unlink(missing_ok=True)
+    offset = 0
     for k, phase in enumerate(stage.phases):
         phase_dir = stage_dir / f"{k + 1:02d}-{phase.name}"
-        options = {**ctx.recipe.env_options(), **stage.env, **phase.env}
-        if k == len(stage.phases) - 1 and "hints" in _env_option_names(ctx.recipe.env.name):
+        env, stage_options = ctx.recipe.stage_env(stage)
+        options = {**stage_options, **phase.env}
+        if k == len(stage.phases) - 1 and "hints" in _env_option_names(env):
             options["hints"] = False  # Environment Tuning: the last phase learns to do without them
         categories = phase.categories if phase.categories is not None else stage.categories
         tasks = select_tasks(
-            ctx.recipe.env.name, options, stage.split, phase.tasks or stage.tasks, categories,
-            phase.difficulty or stage.difficulty,
+            env, options, stage.split, phase.tasks or stage.tasks, categories, phase.difficulty or stage.difficulty
         )
         overrides: dict[str, Any] = {"steps": phase.steps, "rewards": dict(phase.rewards), "merge": True}
         if phase.learning_rate is not None:
             overrides["learning_rate"] = phase.learning_rate
         if not (phase_dir / MODEL_DIR / "config.json").exists():
-            result = run_grpo(model, ctx.recipe.env.name, options, tasks, phase_dir, stage.settings(**overrides), adapter)
+            result = run_grpo(model, env, options, tasks, phase_dir, stage.settings(**overrides), adapter)
             phases.append({"phase": phase.name, "tasks": len(tasks), "hints": options.get("hints"), **result})
         else:
             phases.append({"phase": phase.name, "tasks": len(tasks), "hints": options.get("hints"), "resumed": True})
+        offset = _append_metrics(phase_dir / METRICS_FILE, combined, offset, phase.name)
         model, adapter = str(phase_dir / MODEL_DIR), None
     final = stage_dir / MODEL_DIR
     if final.exists():
         shutil.rmtree(final)
     shutil.copytree(model, final)
     return {"phases": phases, **_outputs(stage_dir, ctx)}
+
+
+def _append_metrics(source: Path, combined: Path, offset: int, phase: str) -> int:
+    """Append a phase's metrics.jsonl to the stage's, steps shifted by `offset`; returns the next offset."""
+    last = offset
+    if source.exists():
+        with combined.open("a", encoding="utf-8") as out:
+            for line in source.read_text(encoding="utf-8").splitlines():
+                entry = json.loads(line)
+                entry["step"] = last = offset + int(entry["step"])
+                out.write(json.dumps({**entry, "phase": phase}) + "\n")
+    return last
 
 
 def _outputs(stage_dir: Path, ctx: RunContext) -> dict[str, Any]:

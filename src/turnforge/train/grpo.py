@@ -53,7 +53,13 @@ from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.rewards import COMPONENTS, RewardWeights, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.train.sft import CHECKPOINTING_FIELD, METRICS_FILE, MODEL_DIR, MetricsFileCallback
+from turnforge.train.sft import (
+    CHECKPOINTING_FIELD,
+    METRICS_FILE,
+    MODEL_DIR,
+    MetricsFileCallback,
+    training_dtype,
+)
 from turnforge.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -392,7 +398,9 @@ def run_grpo(
         raise ValueError("grpo: no training tasks (check the stage's split, tasks and filters)")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
     path = resolve_model(model, out_dir / "cache")
-    lm, tokenizer = load_model(path, dtype="float32", device="cpu", adapter=adapter)
+    lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu", adapter=adapter)
+    if adapter is not None:
+        lm = lm.merge_and_unload()  # a start model saved as an adapter: its weights become the policy's own
     rollouts = EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE)
     checkpoints = out_dir / "checkpoints"
     resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None

@@ -329,6 +329,13 @@ class MetricsFileCallback(TrainerCallback):
             f.flush()
 
 
+def training_dtype(lora: LoraSpec | None) -> str:
+    """Full fine-tuning keeps float32 master weights (bf16 autocast on GPU, like TRL's own loading); LoRA freezes
+    the base, so a bf16 copy halves its memory while the adapter trains in float32 (PEFT upcasts it)."""
+    on_gpu = torch.cuda.is_available()
+    return "bfloat16" if on_gpu and lora is not None and torch.cuda.is_bf16_supported() else "float32"
+
+
 def sft_config(out_dir: Path, settings: SFTSettings) -> SFTConfig:
     """TRL's config for `settings`: completion-only loss on the pre-tokenized mask, CPU-safe precision."""
     on_gpu = torch.cuda.is_available()
@@ -415,14 +422,8 @@ def run_sft(model: str, data: list[str], out_dir: Path, settings: SFTSettings) -
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = resolve_model(model, out_dir / "cache")
-    on_gpu = torch.cuda.is_available()
-    # Full fine-tuning keeps float32 master weights (bf16 autocast on GPU, like TRL's own loading); LoRA freezes
-    # the base, so a bf16 copy halves its memory while the adapter trains in float32 (PEFT upcasts it).
-    dtype = (
-        "bfloat16" if on_gpu and settings.lora is not None and torch.cuda.is_bf16_supported() else "float32"
-    )
     # Loaded on the CPU: the Trainer moves it to its device (one GPU per process under `accelerate launch`).
-    lm, tokenizer = load_model(path, dtype=dtype, device="cpu")
+    lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu")
     dataset, counts = build_dataset(data, tokenizer, settings)
 
     resume = _resume_point(out_dir)
