@@ -245,6 +245,19 @@ def test_runaway_query_is_interrupted_and_attach_refused():
     assert big.ok and not big.complete and big.observation().endswith("[TRUNCATED]")
 
 
+def test_memory_hungry_query_fails_as_an_observation():
+    """A statement that would hold ~2 GB in SQLite's heap stops at the heap cap (and never spills to files)."""
+    db = SQLiteBackend(timeout=30)
+    db.create(Table.from_dict(TABLE))
+    hog = (
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 1500) "
+        "SELECT i, hex(zeroblob(1000000)) AS b FROM n ORDER BY b, i DESC"  # a 3 GB sort
+    )
+    result = db.execute(hog)
+    assert not result.ok and "out of memory" in result.error, result.error
+    assert db.execute("SELECT COUNT(*) FROM Teams").rows == [(3,)]
+
+
 # --- tables touched ---------------------------------------------------------------------------------
 
 

@@ -44,7 +44,7 @@ from turnforge.train.sft import (
     MODEL_DIR,
     REPORT_TO,
     MetricsFileCallback,
-    _resume_point,
+    resume_point,
 )
 
 logger = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def run_dpo(model: str, data: list[str], out_dir: Path, settings: DPOSettings, a
     dataset = preference_dataset(pairs, settings)
     lm, tokenizer = _start_model(model, adapter, out_dir, settings)
 
-    resume = _resume_point(out_dir)
+    resume = resume_point(out_dir)
     trainer = build_trainer(lm, tokenizer, dataset, out_dir, settings)
     dropped = len(dataset) - len(trainer.train_dataset)
     if dropped:

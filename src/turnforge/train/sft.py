@@ -382,7 +382,7 @@ def build_trainer(
     )
 
 
-def _resume_point(out_dir: Path) -> str | None:
+def resume_point(out_dir: Path) -> str | None:
     """The last checkpoint of an interrupted run, keeping metrics.jsonl consistent with it (else starting it anew)."""
     checkpoints = out_dir / CHECKPOINT_DIR
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
@@ -426,7 +426,7 @@ def run_sft(model: str, data: list[str], out_dir: Path, settings: SFTSettings) -
     lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu")
     dataset, counts = build_dataset(data, tokenizer, settings)
 
-    resume = _resume_point(out_dir)
+    resume = resume_point(out_dir)
     trainer = build_trainer(lm, tokenizer, dataset, out_dir, settings)
     result = trainer.train(resume_from_checkpoint=resume)
 

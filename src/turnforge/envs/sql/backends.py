@@ -27,6 +27,7 @@ from turnforge.envs.sql.scoring import mysql_hash_query, table_hash
 
 # AgentBench: the observation is cut to 800 characters, then "[TRUNCATED]" is appended.
 OBSERVATION_LIMIT = 800
+HEAP_LIMIT_BYTES = 1 << 30  # 1 GiB for all in-memory episode databases of this process
 _FETCH_BATCH = 256
 
 
@@ -116,6 +117,10 @@ class SQLiteBackend:
         # isolation_level=None: autocommit, like AgentBench's commit after every statement.
         self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         self.conn.set_authorizer(_refuse_attach)
+        # Memory: SQLite's heap cap is process-wide; a runaway sort or recursive CTE fails with "out of memory"
+        # (an observation) instead of taking the machine's memory.
+        self.conn.execute(f"PRAGMA hard_heap_limit = {HEAP_LIMIT_BYTES}")
+        self.conn.execute("PRAGMA temp_store = MEMORY")  # sorts and temp tables never spill to disk files
         create, insert = create_table_sql(table, self.dialect)
         try:
             self.conn.execute(create)
@@ -137,6 +142,10 @@ class SQLiteBackend:
             if self.conn.in_transaction:  # a failed statement inside BEGIN ... must not leak on
                 self.conn.rollback()
             return QueryResult(None, _sqlite_error(e, self.timeout))
+        except MemoryError:  # SQLITE_NOMEM: the statement hit HEAP_LIMIT_BYTES; the database stays usable
+            if self.conn.in_transaction:
+                self.conn.rollback()
+            return QueryResult(None, f"out of memory: the statement needed more than {HEAP_LIMIT_BYTES >> 20} MiB")
         return QueryResult(rows, complete=complete)
 
     def table_rows(self, table: Table) -> list[tuple] | str:
