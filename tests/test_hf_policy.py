@@ -136,3 +136,41 @@ def test_make_policy_hf_and_bad_params(tiny_model_dir, policy, tasks):
     [prompt] = prompts_of(policy, tasks[:1])
     greedy = SamplingParams(temperature=0, max_new_tokens=4)
     assert policy.generate([prompt], greedy)[0].ids == policy.generate([Prompt(**{**vars(prompt), "ids": None})], greedy)[0].ids
+
+
+def test_prefix_cache_gives_the_same_episodes_and_forgets_closed_ones(tiny_model_dir):
+    """Reusing each episode's keys/values between turns changes nothing but the time: same ids, same log-probs
+    (within float noise), across chunked batches; the entries of finished episodes are dropped."""
+    tasks = load_tasks("household", "train", limit=6)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    runs = {}
+    for cached in (True, False):
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4, prefix_cache=cached)
+        limits = RolloutLimits(max_turns=4, max_format_errors=None, max_open=5)
+        runs[cached] = run_episodes(policy, lambda: make_env("household", max_steps=4), tasks, 1, limits, params)
+        if cached:  # what is left belongs to the last round's episodes; the next call drops them
+            assert 0 < len(policy.prefix_cache.entries) <= limits.max_open
+            policy.generate(prompts_of(policy, load_tasks("household", "test", limit=1)), params)
+            assert list(policy.prefix_cache.entries) == [("test-00000", 0)]
+    for with_cache, without in zip(runs[True], runs[False], strict=True):
+        assert len(with_cache.turns) == len(without.turns) == 4
+        for a, b in zip(with_cache.turns, without.turns, strict=True):
+            assert a.generated_ids == b.generated_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_prefix_cache_is_used_only_for_a_proper_prefix():
+    from turnforge.policies.prefix_cache import Entry, PrefixCache, batch_layout
+
+    cache = PrefixCache()
+    cache.store("ep", Entry([5, 6, 7], [(torch.zeros(1, 3, 2), torch.zeros(1, 3, 2))]))
+    assert cache.cached_length("ep", [5, 6, 7, 8]) == 3
+    assert cache.cached_length("ep", [5, 6, 7]) == 0  # nothing new to feed
+    assert cache.cached_length("ep", [5, 9, 7, 8]) == 0  # re-rendered (a history window)
+    ids, mask, width_cached, width_suffix = batch_layout([[5, 6, 7, 8], [1, 2]], [3, 0], pad=0)
+    assert (width_cached, width_suffix) == (3, 2)
+    assert ids.tolist() == [[5, 6, 7, 0, 8], [0, 0, 0, 1, 2]]
+    assert mask.tolist() == [[1, 1, 1, 0, 1], [0, 0, 0, 1, 1]]
+    small = PrefixCache(max_bytes=10)
+    small.store("ep", Entry([1], [(torch.zeros(4), torch.zeros(4))]))  # 32 bytes: over budget, not kept
+    assert small.entries == {}

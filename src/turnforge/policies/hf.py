@@ -34,6 +34,7 @@ from transformers import (
 from turnforge.models.chat import ChatTemplateRenderer, window_messages
 from turnforge.models.loading import load_model
 from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.prefix_cache import Entry, PrefixCache, batch_cache, batch_layout, gather_rows
 
 # Generation settings the model's own generation_config.json must not slip in (HF fills unset fields from it,
 # e.g. Qwen3's top_k=20): sampling is configured here, in `_processors`, and nowhere else.
@@ -54,26 +55,35 @@ class HFPolicy:
         window: int | None = None,
         batch_size: int = 64,
         adapter: str | None = None,
+        prefix_cache: bool = True,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         lm, tokenizer = load_model(model, dtype=dtype, device=device, adapter=adapter)
         lm.eval()
-        self._setup(str(model), lm, tokenizer, window, batch_size)
+        self._setup(str(model), lm, tokenizer, window, batch_size, prefix_cache)
 
     @classmethod
     def from_model(
-        cls, model, tokenizer, window: int | None = None, batch_size: int = 64, model_id: str = "hf"
+        cls,
+        model,
+        tokenizer,
+        window: int | None = None,
+        batch_size: int = 64,
+        model_id: str = "hf",
+        prefix_cache: bool = True,
     ) -> HFPolicy:
         """A policy over a model already in memory (GRPO rolls out with the model it trains; the caller
         switches it to eval mode and back)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         policy = cls.__new__(cls)
-        policy._setup(model_id, model, tokenizer, window, batch_size)
+        policy._setup(model_id, model, tokenizer, window, batch_size, prefix_cache)
         return policy
 
-    def _setup(self, model_id: str, model, tokenizer, window: int | None, batch_size: int) -> None:
+    def _setup(
+        self, model_id: str, model, tokenizer, window: int | None, batch_size: int, prefix_cache: bool = True
+    ) -> None:
         self.model_id = model_id
         self.model, self.tokenizer = model, tokenizer
         self.renderer = ChatTemplateRenderer(self.tokenizer, window=window)
@@ -82,6 +92,7 @@ class HFPolicy:
         extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.stop_ids = sorted({self.tokenizer.eos_token_id, *extra})
         self._calls = 0
+        self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_cache else None
 
     @property
     def device(self) -> torch.device:
@@ -92,6 +103,8 @@ class HFPolicy:
         """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding)."""
         _check_params(params)
         ids = [p.ids if p.ids is not None else self._render(p) for p in prompts]
+        # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
+        keys = [(p.task.id, p.sample) if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
         # A different seed per call: the same seed every round would replay the same random draws each turn.
         torch.manual_seed(params.seed + self._calls)
         self._calls += 1
@@ -99,20 +112,25 @@ class HFPolicy:
         out: list[Generation | None] = [None] * len(ids)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
-            for i, gen in zip(chunk, self._generate_batch([ids[i] for i in chunk], params), strict=True):
+            batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk])
+            for i, gen in zip(chunk, batch, strict=True):
                 out[i] = gen
+        if self.prefix_cache is not None:
+            self.prefix_cache.retain({k for k in keys if k is not None})  # episodes not asked for have ended
         return out  # type: ignore[return-value]
 
     def _render(self, prompt: Prompt) -> list[int]:
         return self.renderer.prompt_ids(window_messages(prompt.messages, self.renderer.window), prompt.tools)
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        width = max(len(p) for p in prompts)
-        if width == 0:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list) -> list[Generation]:
+        if min(len(p) for p in prompts) == 0:
             raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
+        cache = self.prefix_cache
+        cached = [cache.cached_length(k, p) if k is not None else 0 for k, p in zip(keys, prompts, strict=True)]
         pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        input_ids, attention_mask, width_cached, width_suffix = batch_layout(prompts, cached, pad)
+        entries = [cache.entries[k] if n else None for k, n in zip(keys, cached, strict=True)] if cache else []
+        past = batch_cache(entries, cached, width_cached, self.model.config, input_ids) if any(cached) else None
         recorder = SampledLogprobs()
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
@@ -120,18 +138,46 @@ class HFPolicy:
             eos_token_id=self.stop_ids,
             pad_token_id=pad,
             stop_strings=list(params.stop) or None,
+            return_dict_in_generate=True,
             **_NEUTRAL,
         )
-        sequences = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+        output = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            past_key_values=past,
             generation_config=config,
             logits_processor=_processors(params, recorder),
             tokenizer=self.tokenizer if params.stop else None,
         )
-        new = sequences[:, width:]
+        width = width_cached + width_suffix
+        new = output.sequences[:, width:]
         logprobs = recorder.logprobs(new).tolist()
-        return [self._finish(row, lp, params.stop) for row, lp in zip(new.tolist(), logprobs, strict=True)]
+        gens = [self._finish(row, lp, params.stop) for row, lp in zip(new.tolist(), logprobs, strict=True)]
+        if cache is not None:
+            self._remember(output.past_key_values, prompts, cached, keys, gens, width_cached, width_suffix)
+        return gens
+
+    def _remember(self, past, prompts, cached, keys, gens, width_cached: int, width_suffix: int) -> None:
+        """Store each episode's keys/values: its cached part, its suffix, and its reply but the last token."""
+        rows, positions = [], []
+        for i, (ids, n, key, gen) in enumerate(zip(prompts, cached, keys, gens, strict=True)):
+            if key is None or not gen.ids:
+                continue
+            start = width_cached + width_suffix
+            suffix = len(ids) - n
+            where = torch.cat([
+                torch.arange(width_cached - n, width_cached),
+                torch.arange(start - suffix, start),
+                torch.arange(start, start + len(gen.ids) - 1),
+            ])
+            rows.append((i, key, list(ids) + gen.ids[:-1]))
+            positions.append(where.to(self.device))
+        if not rows:
+            return
+        picked = [i for i, _, _ in rows]
+        layers = gather_rows(past, positions, picked)
+        for (_, key, ids), entry_layers in zip(rows, layers, strict=True):
+            self.prefix_cache.store(key, Entry(ids, entry_layers))
 
     def _finish(self, ids: list[int], logprobs: list[float], stop: Sequence[str]) -> Generation:
         ids, finish = cut_generation(ids, self.stop_ids, stop, self.tokenizer.decode)
