@@ -118,3 +118,29 @@ def test_grpo_settings_errors_name_the_key(tmp_path):
     text = recipe_text("tiny").replace("train = { max_steps = 2", "train = { max_stepz = 2")
     with pytest.raises(RecipeError, match="max_stepz"):
         _load(text, tmp_path)
+
+
+def test_rft_with_nothing_to_keep_passes_the_model_on(tiny_model_dir, tmp_path):
+    """The untrained model succeeds nowhere: the rft stage trains nothing, says so, and later stages go on."""
+    text = f"""
+name = "rft-empty"
+[model]
+name = "{tiny_model_dir}"
+[env]
+name = "household"
+[env.options]
+max_steps = 2
+[[stages]]
+kind = "rft"
+tasks = 2
+samples = 2
+max_new_tokens = 4
+[[stages]]
+kind = "eval"
+tasks = 1
+max_new_tokens = 4
+"""
+    summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
+    rft = summary["stages"]["rft"]["result"]
+    assert rft["steps"] == 0 and rft["yield"]["kept"] == 0 and rft["yield"]["sampled"] == 4
+    assert rft["model"] == str(tiny_model_dir) and summary["eval"]["eval"]["n_episodes"] == 1

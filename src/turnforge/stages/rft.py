@@ -12,6 +12,7 @@ done.json reports the yield (kept / sampled) overall and per category.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from turnforge.eval.runner import EPISODES_FILE, read_episodes
 from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts
 from turnforge.stages.sft import data_path
+
+logger = logging.getLogger(__name__)
 
 SAMPLES_DIR = "samples"
 KEPT_FILE = "kept.jsonl"
@@ -34,11 +37,14 @@ def run_rft_stage(stage: Any, index: int, stage_dir: Path, ctx: RunContext) -> d
     sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx)
     episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
     kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress)
-    if not kept:
-        raise ValueError(
-            f"stage {stage.id}: no episode to keep out of {len(episodes)} (success rate {sampled['success']:.3f}); "
-            "sample more (samples, tasks), set keep = \"best\", or train the model longer first"
+    if not kept:  # nothing to learn from: the model goes on unchanged, and the run says so
+        logger.warning(
+            "stage %s: no episode to keep out of %d (success rate %.3f); the model is passed on untrained. "
+            "Sample more (samples, tasks), set keep = \"best\", or train the model longer first",
+            stage.id, len(episodes), sampled["success"],
         )
+        return {"model": start.path, "adapter": False, "steps": 0, "sample_success": sampled["success"],
+                "yield": report, "note": "no episode kept: model unchanged"}
     kept_path = stage_dir / KEPT_FILE
     kept_path.write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
     extra = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
