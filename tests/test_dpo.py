@@ -107,7 +107,6 @@ TINY_BUDGET = [
     "stages.collect-policy.tasks=2",
     "stages.collect-policy.max_turns=3",
     "stages.collect-policy.max_new_tokens=16",
-    *(f"stages.collect-sql.{k}" for k in ("tasks=2", "max_turns=3", "max_new_tokens=16")),
     "stages.dpo.max_steps=2",
     "stages.dpo.learning_rate=1e-3",
     "stages.dpo.logging_steps=1",

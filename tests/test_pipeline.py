@@ -204,17 +204,22 @@ def test_the_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
         "stages.sft.logging_steps=1",
         *(
             f"stages.{e}.{k}"
-            for e in ("base", "eval-sft")
+            for e in ("base", "eval-sft", "eval-rft", "eval-grpo")
             for k in ("tasks=6", "max_turns=3", "max_new_tokens=16")
         ),
+        *(f"stages.rft.{k}" for k in ("tasks=3", "samples=2", "max_turns=3", "max_new_tokens=16")),
+        *(f"stages.grpo.{k}" for k in ("steps=1", "tasks_per_step=2", "num_generations=2", "max_turns=3",
+                                       "max_new_tokens=16")),
     ]
     summary = run_recipe(load_recipe("quickstart", overrides=budget), out, console=_quiet())
 
     assert (out / "stages/02-sft/model/config.json").exists()
-    assert set(summary["eval"]) == {"base", "sft"}
-    for name in ("base", "sft"):
+    assert set(summary["eval"]) == {"base", "sft", "rft", "grpo"}
+    for name in ("base", "sft", "rft", "grpo"):
         assert summary["eval"][name]["n_episodes"] == 6 and summary["eval"][name]["policy"] == "hf"
     assert summary["stages"]["sft"]["result"]["steps"] == 2
+    assert summary["stages"]["rft"]["result"]["yield"]["sampled"] == 6  # two steps of SFT: nothing kept
+    assert summary["stages"]["grpo"]["result"]["steps"] == 1
     assert (out / "plots/sft_loss.png").stat().st_size > 0
     assert "![sft training loss](plots/sft_loss.png)" in (out / "report.md").read_text()
     again = run_recipe(load_recipe("quickstart", overrides=budget), out, console=_quiet())

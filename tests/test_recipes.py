@@ -244,7 +244,9 @@ def test_model_lora_is_the_default_of_sft_stages(tmp_path):
 def test_the_packaged_recipes_parse():
     pytest.importorskip("turnforge.train.sft")
     quick = load_recipe("quickstart")
-    assert [s.id for s in quick.stages] == ["collect", "sft", "eval-base", "eval-sft"]
+    assert [s.id for s in quick.stages] == [
+        "collect", "sft", "eval-base", "eval-sft", "rft", "eval-rft", "grpo", "eval-grpo"]
+    assert quick.model_source(5) == "rft" and quick.model_source(6) == "rft" and quick.model_source(7) == "grpo"
     assert quick.model.name == "tiny" and quick.env_options()["format"] == "act_line"
     assert quick.model_source(2) is None and quick.model_source(3) == "sft"
     assert (
