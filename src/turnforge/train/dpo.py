@@ -24,14 +24,12 @@ print(run_dpo('tiny', ['runs/alf-dpo/stages/04-dpo/pairs.jsonl'], Path('runs/dpo
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
-import torch
 from trl import DPOConfig, DPOTrainer
 
 from turnforge.data.dpo_pairs import Pair, load_pairs
@@ -39,12 +37,13 @@ from turnforge.models import LoraSpec, load_model, merge_and_save, resolve_model
 from turnforge.models.chat import window_messages
 from turnforge.train.sft import (
     CHECKPOINT_DIR,
-    CHECKPOINTING_FIELD,
     METRICS_FILE,
     MODEL_DIR,
     REPORT_TO,
     MetricsFileCallback,
     resume_point,
+    runtime_args,
+    training_dtype,
 )
 
 logger = logging.getLogger(__name__)
@@ -130,7 +129,6 @@ def preference_dataset(pairs: list[Pair], settings: DPOSettings) -> datasets.Dat
 
 def dpo_config(out_dir: Path, settings: DPOSettings) -> DPOConfig:
     """TRL's config for `settings`, with the same device and precision choices as the SFT stage."""
-    on_gpu = torch.cuda.is_available()
     return DPOConfig(
         output_dir=str(out_dir / CHECKPOINT_DIR),
         num_train_epochs=settings.epochs,
@@ -150,11 +148,7 @@ def dpo_config(out_dir: Path, settings: DPOSettings) -> DPOConfig:
         save_total_limit=2,
         report_to=[] if settings.report_to == "none" else [settings.report_to],
         seed=settings.seed,
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        use_cpu=not on_gpu,
-        dataloader_num_workers=0,
-        disable_tqdm=not sys.stderr.isatty(),
-        **{CHECKPOINTING_FIELD: on_gpu},
+        **runtime_args(),
     )
 
 
@@ -173,9 +167,7 @@ def build_trainer(lm, tokenizer, dataset: datasets.Dataset, out_dir: Path, setti
 def _start_model(model: str, adapter: str | None, out_dir: Path, settings: DPOSettings):
     """The model DPO starts from, with any SFT adapter merged into it (the seed's "SFT-merged" start)."""
     path = resolve_model(model, out_dir / "cache")
-    on_gpu = torch.cuda.is_available()
-    dtype = "bfloat16" if on_gpu and settings.lora is not None and torch.cuda.is_bf16_supported() else "float32"
-    lm, tokenizer = load_model(path, dtype=dtype, device="cpu", adapter=adapter)
+    lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu", adapter=adapter)
     if adapter is not None:
         lm = lm.merge_and_unload()
     return lm, tokenizer

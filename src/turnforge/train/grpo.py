@@ -36,14 +36,12 @@ import json
 import logging
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
-import torch
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
@@ -53,13 +51,7 @@ from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.rewards import COMPONENTS, RewardWeights, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.train.sft import (
-    CHECKPOINTING_FIELD,
-    METRICS_FILE,
-    MODEL_DIR,
-    MetricsFileCallback,
-    training_dtype,
-)
+from turnforge.train.sft import METRICS_FILE, MODEL_DIR, MetricsFileCallback, runtime_args, training_dtype
 from turnforge.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -343,7 +335,6 @@ def component_reward(name: str):
 
 def grpo_config(out_dir: Path, settings: GRPOSettings) -> GRPOConfig:
     """TRL's config: the knobs pass through unchanged; batch = tasks_per_step x num_generations episodes."""
-    on_gpu = torch.cuda.is_available()
     micro = settings.micro_batch_size or settings.episodes_per_step
     weights = settings.rewards.as_dict()
     return GRPOConfig(
@@ -369,10 +360,7 @@ def grpo_config(out_dir: Path, settings: GRPOSettings) -> GRPOConfig:
         save_total_limit=2,
         report_to=[],
         seed=settings.seed,
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        use_cpu=not on_gpu,
-        disable_tqdm=not sys.stderr.isatty(),
-        **{CHECKPOINTING_FIELD: on_gpu},
+        **runtime_args(),
     )
 
 

@@ -338,7 +338,6 @@ def training_dtype(lora: LoraSpec | None) -> str:
 
 def sft_config(out_dir: Path, settings: SFTSettings) -> SFTConfig:
     """TRL's config for `settings`: completion-only loss on the pre-tokenized mask, CPU-safe precision."""
-    on_gpu = torch.cuda.is_available()
     return SFTConfig(
         output_dir=str(out_dir / CHECKPOINT_DIR),
         num_train_epochs=settings.epochs,
@@ -358,14 +357,22 @@ def sft_config(out_dir: Path, settings: SFTSettings) -> SFTConfig:
         save_total_limit=2,  # resuming needs the last checkpoint only; full checkpoints of a 4B model are big
         report_to=[] if settings.report_to == "none" else [settings.report_to],
         seed=settings.seed,
-        # TRL defaults bf16=True; CPUs (and pre-Ampere GPUs) train in float32.
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        use_cpu=not on_gpu,
-        dataloader_num_workers=0,
-        disable_tqdm=not sys.stderr.isatty(),  # a progress bar per step floods logs and CI output
-        # TRL turns gradient checkpointing on; on CPU the models are small and the ~20% recompute is pure loss.
-        **{CHECKPOINTING_FIELD: on_gpu},
+        **runtime_args(),
     )
+
+
+def runtime_args() -> dict:
+    """The TRL config fields every turnforge trainer (SFT, DPO, GRPO) sets the same way for this machine."""
+    on_gpu = torch.cuda.is_available()
+    return {
+        # TRL defaults bf16=True; CPUs (and pre-Ampere GPUs) train in float32.
+        "bf16": on_gpu and torch.cuda.is_bf16_supported(),
+        "use_cpu": not on_gpu,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": not sys.stderr.isatty(),  # a progress bar per step floods logs and CI output
+        # TRL turns gradient checkpointing on; on CPU the models are small and the ~20% recompute is pure loss.
+        CHECKPOINTING_FIELD: on_gpu,
+    }
 
 
 def build_trainer(
