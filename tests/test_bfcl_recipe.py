@@ -40,8 +40,7 @@ def test_recipe_follows_the_protocol():
 
 
 @needs_bfcl
-@pytest.mark.slow  # ~1 min: BFCL prompts carry the function docs, long for the tiny tokenizer
-def test_tiny_variant_runs_every_phase(tmp_path):
+def test_tiny_variant_runs_every_phase(tmp_path):  # ~1 min: BFCL prompts carry the function docs
     from rich.console import Console
 
     from turnforge.pipeline import run_recipe

@@ -162,8 +162,7 @@ IRONGUARD_BUDGET = [
 ]
 
 
-@pytest.mark.slow  # ~40 s on 2 shared cores
-def test_agentbench_ironguard_runs_on_the_tiny_model_over_household_and_sql(tmp_path):
+def test_agentbench_ironguard_runs_on_the_tiny_model_over_household_and_sql(tmp_path):  # ~40 s
     """Both collect stages (household, and the SQL env in DBBench's format) feed one DPO stage."""
     from rich.console import Console
 
