@@ -36,7 +36,7 @@ def main() -> None:
         policy = HFPolicy(args.model, device="cpu", dtype="float32", prefix_cache=cached)
         start = time.perf_counter()
         trajs = run_episodes(policy, partial(make_env, "household", **QUICKSTART_ENV), tasks, 1,
-                             RolloutLimits(max_open=64), params)
+                             RolloutLimits(max_open=64), params, renderer=policy.renderer)
         runs[cached] = (time.perf_counter() - start, trajs)
     identical = all(
         [t.generated_ids for t in a.turns] == [t.generated_ids for t in b.turns]

@@ -56,7 +56,8 @@ def batched(model_path: str, env_options: dict, tasks, max_turns: int, max_new_t
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     start = time.perf_counter()
     trajs = run_episodes(policy, lambda: make_env("household", **env_options), tasks, 1,
-                         RolloutLimits(max_turns=max_turns, max_format_errors=5, max_open=len(tasks)), params)
+                         RolloutLimits(max_turns=max_turns, max_format_errors=5, max_open=len(tasks)), params,
+                         renderer=policy.renderer)
     return sum(t.tokens_generated for t in trajs), time.perf_counter() - start
 
 

@@ -21,7 +21,8 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn
 
 from turnforge.envs.base import load_tasks, make_env  # noqa: E402
 from turnforge.envs.bfcl.data import CATEGORIES  # noqa: E402
-from turnforge.envs.bfcl.execution import build_instances, call_string, method_table, parse_call_string  # noqa: E402
+from turnforge.envs.bfcl.execution import build_instances, method_table, parse_call_string  # noqa: E402
+from turnforge.formats.bfcl_python import call_string  # noqa: E402
 from turnforge.types import Message, ToolCall  # noqa: E402
 
 Result = list[list[list[ToolCall]]]  # turn -> step -> calls

@@ -11,8 +11,9 @@ pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (pip install
 
 from turnforge.envs.base import load_tasks, make_env  # noqa: E402
 from turnforge.envs.bfcl.data import CATEGORIES  # noqa: E402
-from turnforge.envs.bfcl.execution import build_instances, call_string, method_table, parse_call_string  # noqa: E402
+from turnforge.envs.bfcl.execution import build_instances, method_table, parse_call_string  # noqa: E402
 from turnforge.formats import get_format  # noqa: E402
+from turnforge.formats.bfcl_python import call_string  # noqa: E402
 from turnforge.types import Message, ToolCall  # noqa: E402
 
 

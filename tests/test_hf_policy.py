@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from turnforge.models.chat import window_messages
 from turnforge.policies import make_policy
 from turnforge.policies.base import Prompt, SamplingParams
 from turnforge.policies.hf import HFPolicy, cut_generation
+from turnforge.policies.prefix_cache import PrefixCache
 from turnforge.rollout import RolloutLimits, run_episodes
 
 
@@ -47,7 +50,8 @@ def model_logprobs(policy: HFPolicy, prompt: list[int], generated: list[int], te
 @pytest.mark.parametrize("fmt", ["act_line", "tool_call"])
 def test_rollout_ids_are_prompt_generated_and_deltas_and_the_mask_marks_the_generated(policy, tasks, fmt):
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=0)
-    trajs = run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 2, RolloutLimits(max_turns=3), params)
+    trajs = run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 2, RolloutLimits(max_turns=3), params,
+                         renderer=policy.renderer)
     assert len(trajs) == 6 and all(t.model == "hf" for t in trajs)
     eos = policy.tokenizer.eos_token_id
     for traj in trajs:
@@ -72,7 +76,8 @@ def test_rollout_ids_are_prompt_generated_and_deltas_and_the_mask_marks_the_gene
 def test_windowed_rollout_records_each_prompt(tiny_model_dir, tasks):
     windowed = HFPolicy(str(tiny_model_dir), device="cpu", window=1)
     params = SamplingParams(max_new_tokens=6, seed=1)
-    trajs = run_episodes(windowed, lambda: make_env("household"), tasks[:2], 1, RolloutLimits(max_turns=3), params)
+    trajs = run_episodes(windowed, lambda: make_env("household"), tasks[:2], 1, RolloutLimits(max_turns=3), params,
+                         renderer=windowed.renderer)
     for traj in trajs:
         assistant_at = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
         for turn, i in zip(traj.turns, assistant_at, strict=True):
@@ -138,6 +143,11 @@ def test_make_policy_hf_and_bad_params(tiny_model_dir, policy, tasks):
     assert policy.generate([prompt], greedy)[0].ids == policy.generate([Prompt(**{**vars(prompt), "ids": None})], greedy)[0].ids
 
 
+def _counted_store(cache: PrefixCache, held: list[int], key, entry) -> None:
+    PrefixCache.store(cache, key, entry)
+    held.append(len(cache.entries))
+
+
 def test_prefix_cache_gives_the_same_episodes_and_forgets_closed_ones(tiny_model_dir):
     """Reusing each episode's keys/values between turns changes nothing but the time: same ids, same log-probs
     (within float noise), across chunked batches; the entries of finished episodes are dropped."""
@@ -147,11 +157,18 @@ def test_prefix_cache_gives_the_same_episodes_and_forgets_closed_ones(tiny_model
     for cached in (True, False):
         policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4, prefix_cache=cached)
         limits = RolloutLimits(max_turns=4, max_format_errors=None, max_open=5)
-        runs[cached] = run_episodes(policy, lambda: make_env("household", max_steps=4), tasks, 1, limits, params)
-        if cached:  # what is left belongs to the last round's episodes; the next call drops them
-            assert 0 < len(policy.prefix_cache.entries) <= limits.max_open
+        held = []  # entries held after each store: at most one per open episode
+        if cached:
+            policy.prefix_cache.store = partial(_counted_store, policy.prefix_cache, held)
+        runs[cached] = run_episodes(policy, lambda: make_env("household", max_steps=4), tasks, 1, limits, params,
+                                      renderer=policy.renderer)
+        if cached:  # used while episodes ran; each dropped when its episode ended (the rollout releases it)
+            assert held and max(held) <= limits.max_open
+            assert policy.prefix_cache.entries == {}
             policy.generate(prompts_of(policy, load_tasks("household", "test", limit=1)), params)
             assert list(policy.prefix_cache.entries) == [("test-00000", 0)]
+            policy.release([("test-00000", 0)])
+            assert policy.prefix_cache.entries == {}
     for with_cache, without in zip(runs[True], runs[False], strict=True):
         assert len(with_cache.turns) == len(without.turns) == 4
         for a, b in zip(with_cache.turns, without.turns, strict=True):

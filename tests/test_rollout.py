@@ -9,7 +9,7 @@ import pytest
 
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.household import TASK_TYPES, HouseholdEnv
-from turnforge.policies import make_policy
+from turnforge.policies import PolicySpec, make_policy
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy, RandomPolicy, ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
@@ -217,7 +217,7 @@ class TokenPolicy:
 
 
 def test_token_exact_ids_equal_the_rendered_conversation(tasks):
-    trajs = run_episodes(TokenPolicy(), household, tasks[:4], 1, RolloutLimits(max_turns=4))
+    trajs = run_episodes(policy := TokenPolicy(), household, tasks[:4], 1, RolloutLimits(max_turns=4), renderer=policy.renderer)
     for traj in trajs:
         ids = list(traj.prompt_ids)
         for turn in traj.turns:
@@ -228,7 +228,7 @@ def test_token_exact_ids_equal_the_rendered_conversation(tasks):
 
 
 def test_max_total_tokens_counts_the_whole_sequence_when_token_exact(tasks):
-    trajs = run_episodes(TokenPolicy(), household, tasks[:3], 1, RolloutLimits(max_total_tokens=3000))
+    trajs = run_episodes(policy := TokenPolicy(), household, tasks[:3], 1, RolloutLimits(max_total_tokens=3000), renderer=policy.renderer)
     for traj in trajs:
         total = len(traj.prompt_ids) + sum(len(t.generated_ids) + len(t.observation_ids) for t in traj.turns)
         assert traj.stop_reason is StopReason.max_tokens and total >= 3000
@@ -271,13 +271,23 @@ def test_make_policy_specs(tmp_path):
             make_policy(spec, model="Qwen/Qwen3-4B-Instruct-2507")
     for spec, message in [
         ("hf", "needs a model"),
-        ("hf:x", "takes no argument"),
         ("replay", "needs a file"),
+        ("openai", "needs a URL"),
         ("greedy", "unknown policy"),
-        ("expert:x", "unknown policy"),
+        ("expert:x", "takes no argument"),
     ]:
         with pytest.raises(ValueError, match=message):
             make_policy(spec)
+    with pytest.raises(ValueError, match="two models for one policy"):
+        make_policy("hf:runs/a/model", model="runs/b/model")
+
+
+def test_policy_specs_name_kind_target_and_served_model():
+    assert PolicySpec.parse("hf:runs/x/model") == PolicySpec("hf", "runs/x/model")
+    assert PolicySpec.parse("vllm") == PolicySpec("vllm")
+    assert PolicySpec.parse("openai:http://127.0.0.1:8000/v1#qwen") == PolicySpec("openai", "http://127.0.0.1:8000/v1", "qwen")
+    assert PolicySpec.parse("openai:http://127.0.0.1:8000/v1") == PolicySpec("openai", "http://127.0.0.1:8000/v1")
+    assert PolicySpec.parse("replay:a#b.jsonl") == PolicySpec("replay", "a#b.jsonl")
 
 
 def test_scripted_policies_need_the_env_support_they_use(tasks):

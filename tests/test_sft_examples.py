@@ -68,7 +68,7 @@ def test_rendered_trajectory_masks_the_replies_and_their_end_of_turn(tokenizer, 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_token_exact_trajectory_keeps_its_ids_and_masks_the_generated_ones(tokenizer, tasks, fmt):
     policy = ExpertTokenPolicy(tokenizer)
-    for traj in run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1):
+    for traj in run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1, renderer=policy.renderer):
         [example] = trajectory_examples(traj, tokenizer)
         expected_ids, expected_mask = list(traj.prompt_ids), [0] * len(traj.prompt_ids)
         for k, turn in enumerate(traj.turns):
@@ -96,7 +96,7 @@ def test_with_a_window_one_example_per_turn_with_the_windowed_prompt(tokenizer, 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_windowed_rollout_gives_its_recorded_prompt_completion_pairs(tokenizer, tasks, fmt):
     policy = ExpertTokenPolicy(tokenizer, window=2)
-    for traj in run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1):
+    for traj in run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1, renderer=policy.renderer):
         examples = trajectory_examples(traj, tokenizer)  # the trajectory's own window, whatever is asked
         assert examples == [
             SFTExample(t.prompt_ids + t.generated_ids, [0] * len(t.prompt_ids) + [1] * len(t.generated_ids))
@@ -108,7 +108,7 @@ def test_a_windowed_rollout_gives_its_recorded_prompt_completion_pairs(tokenizer
 
 
 def test_token_exact_trajectory_with_a_window_renders_windowed_prompts_for_its_generated_ids(tokenizer, tasks):
-    [traj] = run_episodes(ExpertTokenPolicy(tokenizer), lambda: make_env("household"), tasks[:1], 1)
+    [traj] = run_episodes(p := ExpertTokenPolicy(tokenizer), lambda: make_env("household"), tasks[:1], 1, renderer=p.renderer)
     examples = trajectory_examples(traj, tokenizer, window=1)
     assert [e.input_ids[len(e.input_ids) - len(t.generated_ids) :] for e, t in zip(examples, traj.turns, strict=True)] \
         == [t.generated_ids for t in traj.turns]

@@ -80,7 +80,7 @@ def rollout_ids(traj) -> list[int]:
 def test_rollout_ids_equal_the_rendered_conversation(tiny_model_dir, tasks, template, fmt):
     tokenizer = tokenizer_with(tiny_model_dir, template)
     policy = ExpertTokenPolicy(tokenizer)
-    trajs = run_episodes(policy, lambda: make_env("household", format=fmt, grammar="0.4"), tasks, 1)
+    trajs = run_episodes(policy, lambda: make_env("household", format=fmt, grammar="0.4"), tasks, 1, renderer=policy.renderer)
     for traj in trajs:
         assert traj.stop_reason is StopReason.success and len(traj.turns) >= 2
         assert traj.tools == ([ACTION_TOOL] if fmt == "tool_call" else None)
@@ -96,7 +96,7 @@ def test_rollout_ids_equal_the_rendered_conversation(tiny_model_dir, tasks, temp
 def test_a_generation_without_end_of_turn_gets_it_from_the_delta(tiny_model_dir, tasks, fmt):
     tokenizer = tokenizer_with(tiny_model_dir, TEMPLATES[0])
     policy = ExpertTokenPolicy(tokenizer, end_of_turn=False)  # as if every reply hit max_new_tokens
-    trajs = run_episodes(policy, lambda: make_env("household", format=fmt), tasks[:3], 1)
+    trajs = run_episodes(policy, lambda: make_env("household", format=fmt), tasks[:3], 1, renderer=policy.renderer)
     for traj in trajs:
         assert rollout_ids(traj) == chat_ids(tokenizer, traj.messages, traj.tools)
         assert all(turn.observation_ids[0] == tokenizer.eos_token_id for turn in traj.turns)
@@ -107,7 +107,7 @@ def test_a_generation_without_end_of_turn_gets_it_from_the_delta(tiny_model_dir,
 def test_with_a_window_every_turn_is_a_token_exact_prompt_completion_pair(tiny_model_dir, tasks, template, fmt):
     tokenizer = tokenizer_with(tiny_model_dir, template)
     policy = ExpertTokenPolicy(tokenizer, window=2)
-    trajs = run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1)
+    trajs = run_episodes(policy, lambda: make_env("household", format=fmt), tasks, 1, renderer=policy.renderer)
     shortened = 0
     for traj in trajs:
         assert traj.stop_reason is StopReason.success
@@ -186,12 +186,12 @@ def test_the_end_of_turn_must_be_an_added_token(tiny_model_dir):
 
 def test_max_total_tokens_with_a_window_counts_the_windowed_prompt(tiny_model_dir, tasks):
     tokenizer = tokenizer_with(tiny_model_dir, TEMPLATES[0])
-    windowed = run_episodes(ExpertTokenPolicy(tokenizer, window=1), make_env_household, tasks, 1)
+    windowed = run_episodes(w := ExpertTokenPolicy(tokenizer, window=1), make_env_household, tasks, 1, renderer=w.renderer)
     cap = RolloutLimits(max_total_tokens=1 + max(len(t.prompt_ids) for traj in windowed for t in traj.turns))
     # every windowed prompt fits under the cap; the growing full-history sequences do not
-    windowed = run_episodes(ExpertTokenPolicy(tokenizer, window=1), make_env_household, tasks, 1, cap)
+    windowed = run_episodes(w := ExpertTokenPolicy(tokenizer, window=1), make_env_household, tasks, 1, cap, renderer=w.renderer)
     assert all(traj.stop_reason is StopReason.success for traj in windowed)
-    full = run_episodes(ExpertTokenPolicy(tokenizer), make_env_household, tasks, 1, cap)
+    full = run_episodes(f := ExpertTokenPolicy(tokenizer), make_env_household, tasks, 1, cap, renderer=f.renderer)
     assert any(traj.stop_reason is StopReason.max_tokens for traj in full)
 
 

@@ -1,50 +1,58 @@
-"""THE multi-turn loop (design.md §5): many episodes open at once, one `policy.generate` call per round.
+"""THE multi-turn loop (design.md §5): one coroutine per episode, model calls batched per role.
 
-Each round of `run_episodes`:
-  1. open queued episodes until `max_open` are open (`env.reset`, in the env pool),
-  2. build one `Prompt` per open episode and call `policy.generate` ONCE for the whole batch,
-  3. per episode (in the env pool): parse the reply with the env's format, step the env with the parsed
-     Message or the FormatError (the env answers a FormatError with its own error observation), record a
-     `Turn`, append the RAW assistant text (what the model wrote; the parsed Message is what the env saw)
-     and the env's observation messages,
-  4. close the episodes that stopped and hand each to `on_finish` at once (the eval writer flushes it).
+`play_episode` is an episode start to end: reset -> (generate -> parse -> step)* -> score. `run_episodes`
+keeps up to `max_open` of them alive on one asyncio event loop and streams each finished trajectory to
+`on_finish` (the eval writer flushes it at once). Where an episode waits, the others go on:
+
+  - generate: `await queues.generate("agent", prompt)`: the agent role's queue (policies/queue.py) runs the
+    pending requests of all episodes as ONE batched `policy.generate` call in the role's worker thread;
+  - env calls (reset, parse + step, score) run in a pool of env worker threads, so a step that waits (SQL,
+    a sandbox, a simulated user over HTTP, another model role) stalls only its own episode. An env that
+    declares model roles (`Env.roles`, e.g. a `user` simulator) gets a `RoleClient` per episode; its
+    requests are batched across episodes like the agent's.
 
 An exception from the env (reset, parse, step, score) ends only that episode, with `StopReason.env_error`
-and the traceback in `score.details["error"]`; the batch goes on. An exception from the policy is a bug
-in the backend and stops the run.
+and the traceback in `score.details["error"]`; the others go on. An exception from a policy is a bug in the
+backend and stops the run. Every env the run created is closed (`Env.close()`) before it returns.
 
-Token-exact (for training on real models): when the policy has a `renderer` (a `ChatRenderer`), an
+Token-exact (for training on real models): with a `renderer` (a `ChatRenderer`, passed explicitly), an
 episode's ids are the rendered first prompt + exactly the generated ids + the chat-template delta of each
 observation; text is never re-tokenized, and `Prompt.ids` carries them. With a history window
 (`renderer.window = N`: system prompt + first observation + last N turns) each turn's prompt is rendered
 afresh from the windowed messages and kept in `Turn.prompt_ids`, so every turn is a token-exact
-(prompt, completion) pair. Scripted policies have no renderer; their ids stay empty.
+(prompt, completion) pair. Without a renderer (scripted policies) the ids stay empty.
 
     turnforge eval --env household --policy expert --split test --tasks 30 --out runs/expert
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import threading
 import time
 import traceback
+import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, TypeVar
 
-from turnforge.envs.base import Env
+from turnforge.envs.base import Env, UsesRoles
 from turnforge.formats.base import FormatError
-from turnforge.models.chat import window_messages
+from turnforge.models.chat import ChatRenderer, window_messages
 from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
+from turnforge.policies.queue import Role, RoleClient, RoleQueues, RoleStats
 from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
+
+T = TypeVar("T")
 
 
 @dataclass
 class RolloutLimits:
-    """When episodes are cut short, and how many run at once. The defaults suit a laptop evaluation."""
+    """When episodes are cut short, how many run at once, where env calls run. The defaults suit a laptop."""
 
     max_turns: int | None = None
     """Assistant turns per episode -> StopReason.max_turns; None leaves it to the env's own step limit."""
@@ -52,13 +60,18 @@ class RolloutLimits:
     """CONSECUTIVE unparsable replies -> StopReason.format_error_limit; None = no limit. Consecutive, not
     total: a model that recovers from a slip goes on, one stuck repeating bad output is cut off."""
     max_open: int = 64
-    """Episodes open at once = the batch size of each `generate` call."""
-    env_workers: int = 0
-    """0 steps the envs inline; N > 0 steps them in a pool of N threads (for envs that wait on I/O)."""
+    """Episodes alive at once = the largest batch of a `generate` call."""
+    env_workers: int | None = None
+    """Threads that run env calls: None = one per open episode; 0 = inline on the event loop (fastest for
+    envs that answer in microseconds, but a slow step then stalls every episode; envs with model roles
+    cannot run inline); N = a pool of N threads."""
     max_total_tokens: int | None = None
     """Cap on an episode's tokens -> StopReason.max_tokens: its whole id sequence (prompt + generated +
     observations) when token-exact (with a history window: the next windowed prompt), else its generated
     tokens; None = no cap."""
+    batch_wait_s: float = 0.05
+    """How long a pending model request waits for more episodes to join its batch when some episode is busy
+    elsewhere (an env step, another role); when every live episode waits on a model, batches go at once."""
 
     def __post_init__(self) -> None:
         at_least_one = {"max_turns": self.max_turns, "max_format_errors": self.max_format_errors}
@@ -66,44 +79,19 @@ class RolloutLimits:
         for name, value in at_least_one.items():
             if value is not None and value < 1:
                 raise ValueError(f"rollout limit {name} must be at least 1, got {value}")
-        if self.env_workers < 0:
+        if self.env_workers is not None and self.env_workers < 0:
             raise ValueError(f"rollout limit env_workers must be >= 0 (0 = inline), got {self.env_workers}")
-
-
-@runtime_checkable
-class ChatRenderer(Protocol):
-    """Turns messages into the exact ids a model sees (a policy's optional `renderer` attribute).
-
-    `turnforge.models.chat.ChatTemplateRenderer` implements it over a Hugging Face chat template.
-    """
-
-    window: int | None
-    """None: one growing id sequence per episode. N: each prompt is `window_messages(messages, N)` rendered anew."""
-
-    def prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
-        """Ids of a whole prompt, ending with the header of the assistant turn to generate."""
-        ...
-
-    def observation_ids(
-        self,
-        messages: list[Message],
-        new_messages: list[Message],
-        tools: list[dict] | None,
-        generated_ids: list[int],
-        finish_reason: str | None,
-    ) -> list[int]:
-        """Ids appended after `generated_ids`: end-of-turn if the generation lacks it, `new_messages` and the
-        next assistant header. `messages` is the conversation up to and including the raw assistant message
-        just generated."""
-        ...
+        if self.batch_wait_s < 0:
+            raise ValueError(f"rollout limit batch_wait_s must be >= 0, got {self.batch_wait_s}")
 
 
 @dataclass
 class _Episode:
-    """One open episode's state; mutated only by the pool task that owns it during a round."""
+    """One episode's state; touched only by its own coroutine (and the env thread it is waiting on)."""
 
     task: Task
     sample: int
+    order: int  # index in the run's task x sample order: sorts each batch, so batches do not depend on timing
     env: Env | None = None
     messages: list[Message] = field(default_factory=list)
     tools: list[dict] | None = None
@@ -131,88 +119,189 @@ def run_episodes(
     on_finish: Callable[[Trajectory], None] | None = None,
     skip: frozenset[tuple[str, int]] = frozenset(),
     seed: int = 0,
+    renderer: ChatRenderer | None = None,
+    roles: dict[str, Role] | None = None,
+    stats: dict[str, RoleStats] | None = None,
 ) -> list[Trajectory]:
     """Run `samples_per_task` episodes of every task (except the `(task_id, sample)` keys in `skip`).
 
-    Returns the trajectories in task order, then sample order, whatever order they finished in;
-    `on_finish` sees each one as soon as it finishes. Envs are reused across episodes (`reset`),
-    except one that raised.
+    `policy` answers the `agent` role with `params`; `roles` adds the other model roles the env declares
+    (`{"user": Role(policy, params)}`); `renderer` makes the episodes token-exact (an hf policy's
+    `policy.renderer`). Returns the trajectories in task order, then sample order, whatever order they
+    finished in; `on_finish` sees each one as soon as it finishes. Envs are reused across episodes
+    (`reset`), except one that raised. `stats`, when given, receives each role's batching figures.
+    Callable from synchronous code (TRL's `rollout_func`); from inside a running event loop it runs on
+    a thread of its own.
     """
-    limits = limits or RolloutLimits()
-    params = params or SamplingParams()
-    renderer: ChatRenderer | None = getattr(policy, "renderer", None)
-    queue = deque(_Episode(t, s) for t in tasks for s in range(samples_per_task) if (t.id, s) not in skip)
-    order = {(ep.task.id, ep.sample): i for i, ep in enumerate(queue)}
-    finished: list[Trajectory] = []
-    idle_envs: list[Env] = []
-    open_eps: list[_Episode] = []
-    with _env_pool(limits.env_workers) as run_all, _progress_bar(len(queue)) as advance:
-        while queue or open_eps:
-            opened = [queue.popleft() for _ in range(min(len(queue), limits.max_open - len(open_eps)))]
-            for ep in opened:
-                ep.env = idle_envs.pop() if idle_envs else None
-            run_all(lambda ep: _reset(ep, env_factory, renderer), opened)
-            open_eps += opened
-            live = [ep for ep in open_eps if not ep.closed]
-            if live:
-                generations = _generate(policy, live, params, renderer)
-                run_all(lambda pair: _step(*pair, limits, renderer), zip(live, generations, strict=True))
-            for ep in open_eps:
-                if ep.closed:
-                    traj = _to_trajectory(ep, seed, policy.name)
-                    if ep.error is None:
-                        idle_envs.append(ep.env)
-                    finished.append(traj)
-                    if on_finish is not None:
-                        on_finish(traj)
-                    advance()
-            open_eps = [ep for ep in open_eps if not ep.closed]
+    job = _Run(
+        policy, env_factory, limits or RolloutLimits(), params or SamplingParams(), on_finish, seed, renderer,
+        roles or {},
+    )
+    episodes = [
+        _Episode(t, s, i)
+        for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples_per_task))
+        if (t.id, s) not in skip
+    ]
+    finished = _run_coroutine(job.run(episodes))
+    if stats is not None:
+        stats.update(job.stats)
+    order = {(ep.task.id, ep.sample): ep.order for ep in episodes}
     return sorted(finished, key=lambda t: order[t.key])
 
 
-def _reset(ep: _Episode, env_factory: Callable[[], Env], renderer: ChatRenderer | None) -> None:
-    ep.started = t0 = time.perf_counter()
+def _run_coroutine(coro) -> Any:
+    """`asyncio.run(coro)`, also when this thread already runs an event loop (then on a thread of its own)."""
     try:
-        if ep.env is None:
-            ep.env = env_factory()
-        ep.messages = list(ep.env.reset(ep.task))
-        ep.tools = ep.env.tools()
-    except Exception:
-        _fail(ep)
-        return
-    finally:
-        ep.env_s += time.perf_counter() - t0
-    if renderer is not None:
-        ep.prompt_ids = renderer.prompt_ids(ep.messages, ep.tools)
-        ep.ids = list(ep.prompt_ids)
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = asyncio.run(coro)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="turnforge-rollout")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
-def _generate(
-    policy: Policy, eps: list[_Episode], params: SamplingParams, renderer: ChatRenderer | None
-) -> list[Generation]:
-    # Prompts share the episodes' lists (no copy on the hot path): policies read them, never mutate.
-    prompts = [
-        Prompt(
+class _Run:
+    """One `run_episodes` call: its episodes' shared parts (queues, env pool, idle envs, output)."""
+
+    def __init__(self, policy, env_factory, limits, params, on_finish, seed, renderer, roles) -> None:
+        if "agent" in roles:
+            raise ValueError("the agent role is the policy itself; give the other roles (user, judge, teacher)")
+        self.roles = {"agent": Role(policy, params), **roles}
+        self.policy, self.env_factory, self.limits = policy, env_factory, limits
+        self.on_finish, self.seed, self.renderer = on_finish, seed, renderer
+        self.idle_envs: list[Env] = []
+        self.made_envs: list[Env] = []
+        self.stats: dict[str, RoleStats] = {}
+
+    async def run(self, episodes: list[_Episode]) -> list[Trajectory]:
+        queue, finished = deque(episodes), []
+        unfinished = len(episodes)  # queued + open: min(max_open, unfinished) episodes are alive
+
+        def live() -> int:
+            return min(self.limits.max_open, unfinished)
+
+        self.queues = RoleQueues(self.roles, live, self.limits.max_open, self.limits.batch_wait_s)
+        workers = self.limits.env_workers
+        self.pool = ThreadPoolExecutor(workers or self.limits.max_open, thread_name_prefix="turnforge-env") \
+            if workers != 0 else None
+
+        async def slot(advance: Callable[[], None]) -> None:
+            nonlocal unfinished
+            while queue:
+                traj = await self.play_episode(queue.popleft())
+                finished.append(traj)
+                unfinished -= 1
+                if self.on_finish is not None:
+                    self.on_finish(traj)
+                advance()
+                self.queues.dispatch()  # one episode fewer: a batch waiting for it may be ready
+
+        try:
+            with _progress_bar(len(episodes)) as advance:
+                slots = [asyncio.create_task(slot(advance)) for _ in range(min(self.limits.max_open, len(queue)))]
+                try:
+                    await asyncio.gather(*slots)
+                except BaseException:
+                    for task in slots:
+                        task.cancel()
+                    await asyncio.gather(*slots, return_exceptions=True)
+                    raise
+        finally:
+            self.stats = self.queues.stats
+            self.queues.close()
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+            for env in self.made_envs:
+                _close(env)
+        return finished
+
+    async def play_episode(self, ep: _Episode) -> Trajectory:
+        """One episode, start to end: reset -> (generate -> parse -> step)* -> score."""
+        ep.env = self.idle_envs.pop() if self.idle_envs else None
+        await self.env_call(self.reset, ep)
+        while not ep.closed:
+            gen, share = await self.queues.generate("agent", self.prompt(ep), ep.order)
+            ep.generate_s += share  # each episode carries its share of the batched call
+            await self.env_call(_step, ep, gen, self.limits, self.renderer)
+        traj = await self.env_call(_to_trajectory, ep, self.seed, self.policy.name)
+        if ep.error is None:
+            self.idle_envs.append(ep.env)
+        elif ep.env is not None:  # an env that raised is not reused
+            self.made_envs.remove(ep.env)
+            _close(ep.env)
+        self.queues.release([(ep.task.id, ep.sample)])
+        return traj
+
+    def reset(self, ep: _Episode) -> None:
+        ep.started = time.perf_counter()
+        try:
+            if ep.env is None:
+                ep.env = self.env_factory()
+                self.made_envs.append(ep.env)
+        except Exception:
+            _fail(ep)
+            return
+        self.bind_roles(ep)  # a role nobody gave is the caller's mistake: it stops the run
+        try:
+            ep.messages = list(ep.env.reset(ep.task))
+            ep.tools = ep.env.tools()
+        except Exception:
+            _fail(ep)
+            return
+        finally:
+            ep.env_s += time.perf_counter() - ep.started
+        if self.renderer is not None:
+            ep.prompt_ids = self.renderer.prompt_ids(ep.messages, ep.tools)
+            ep.ids = list(ep.prompt_ids)
+
+    def bind_roles(self, ep: _Episode) -> None:
+        """Give the env a client for each model role it declares, bound to this episode."""
+        if not isinstance(ep.env, UsesRoles) or not ep.env.roles:
+            return
+        name = getattr(ep.env, "name", type(ep.env).__name__)
+        missing = [r for r in ep.env.roles if r not in self.roles]
+        if missing:
+            raise ValueError(f"env {name!r} needs a policy for model role(s) {missing}; pass roles={{...}}")
+        if self.pool is None:
+            raise ValueError(f"env {name!r} asks model roles from its steps; it cannot be stepped inline (env_workers=0)")
+        ep.env.use_roles({r: RoleClient(self.queues, r, ep.task, ep.sample, ep.order) for r in ep.env.roles})
+
+    def prompt(self, ep: _Episode) -> Prompt:
+        # The prompt shares the episode's lists (no copy on the hot path): policies read them, never mutate.
+        return Prompt(
             messages=ep.messages,
             task=ep.task,
             sample=ep.sample,
             turn=len(ep.turns),
-            ids=ep.ids if renderer is not None else None,
+            ids=ep.ids if self.renderer is not None else None,
             tools=ep.tools,
             env=ep.env,
         )
-        for ep in eps
-    ]
-    t0 = time.perf_counter()
-    generations = policy.generate(prompts, params)
-    if len(generations) != len(prompts):
-        raise RuntimeError(
-            f"policy {policy.name!r} returned {len(generations)} generations for {len(prompts)} prompts"
-        )
-    share = (time.perf_counter() - t0) / len(eps)  # each episode carries its share of the batched call
-    for ep in eps:
-        ep.generate_s += share
-    return generations
+
+    async def env_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in an env worker thread (inline when env_workers = 0)."""
+        if self.pool is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+
+def _close(env: Env) -> None:
+    try:
+        env.close()
+    except Exception as e:  # a failing close must not hide the run's results
+        warnings.warn(f"closing env {getattr(env, 'name', type(env).__name__)!r} failed: {e}", RuntimeWarning,
+                      stacklevel=2)
 
 
 def _step(ep: _Episode, gen: Generation, limits: RolloutLimits, renderer: ChatRenderer | None) -> None:
@@ -322,16 +411,6 @@ def _to_trajectory(ep: _Episode, seed: int, model: str) -> Trajectory:
         model=model,
         tools=ep.tools,
     )
-
-
-@contextmanager
-def _env_pool(workers: int) -> Iterator[Callable[[Callable, Iterable], list]]:
-    """`run_all(fn, items)`: inline when workers == 0, else in a thread pool (results in input order)."""
-    if workers <= 0:
-        yield lambda fn, items: [fn(x) for x in items]
-        return
-    with ThreadPoolExecutor(workers, thread_name_prefix="turnforge-env") as pool:
-        yield lambda fn, items: list(pool.map(fn, items))
 
 
 @contextmanager

@@ -38,6 +38,24 @@ class Env(Protocol):
         """The episode's outcome so far: success, reward, progress, details."""
         ...
 
+    def close(self) -> None:
+        """Release what the env holds (connections, processes, files); the rollout always calls it at the end."""
+        ...
+
+
+@runtime_checkable
+class UsesRoles(Protocol):
+    """Envs that need other models during an episode (e.g. a `user` simulator, a `judge`).
+
+    They declare the roles; the rollout gives them, before each `reset`, one `RoleClient` per role, bound to
+    that episode. `client.generate(messages)` from `step` is batched with the other episodes' requests of the
+    same role. An env never constructs a model itself.
+    """
+
+    roles: tuple[str, ...]
+
+    def use_roles(self, clients: dict[str, Any]) -> None: ...
+
 
 @runtime_checkable
 class SupportsExpert(Protocol):

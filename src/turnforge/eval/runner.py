@@ -94,6 +94,7 @@ def run_eval(
             on_finish=functools.partial(append_episode, sink),
             skip=frozenset(t.key for t in previous),
             seed=seed,
+            renderer=policy.renderer,
         )
     episodes = _episodes_of(tasks, samples, previous + new)
     summary = summarize(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from turnforge.formats.base import FormatError
+from turnforge.formats.base import FormatError, TextActions
 from turnforge.types import Message
 
 # A tag that opens its line, after optional markdown (`**ACTION:**`, `- Act:`, `> ACTION:`).
@@ -65,7 +65,7 @@ def parse_action_text(text: str) -> str | FormatError:
     return action
 
 
-class ActLineFormat:
+class ActLineFormat(TextActions):
     """`THOUGHT: ...` (optional, any number of lines) then one `ACTION: <command>` line."""
 
     name = "act_line"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from turnforge.types import Message
+from turnforge.types import Message, ToolCall
 
 
 @dataclass
@@ -45,3 +45,41 @@ class Format(Protocol):
     def error_observation(self, error: FormatError) -> str:
         """What the agent is told when its reply could not be parsed."""
         ...
+
+    uses_tools: bool
+    """True when actions are tool calls: the env lists its tools (`Env.tools()`) and answers in tool messages."""
+
+    def action(self, tool: str, arguments: dict, text: str) -> Message:
+        """The parsed reply performing one action: a call of `tool` with `arguments`, or the bare `text`."""
+        ...
+
+    def observation(self, content: str, call: ToolCall | None = None, tool: str | None = None) -> Message:
+        """The env's answer to an action (`call`: the tool call answered, when there is one; `tool`: the
+        tool's name when the reply had no call, e.g. after a format error)."""
+        ...
+
+
+class TextActions:
+    """Formats whose actions are text: the action is the message content, observations are user turns."""
+
+    uses_tools = False
+
+    def action(self, tool: str, arguments: dict, text: str) -> Message:
+        return Message("assistant", text)
+
+    def observation(self, content: str, call: ToolCall | None = None, tool: str | None = None) -> Message:
+        return Message("user", content)
+
+
+class ToolActions:
+    """Formats whose actions are tool calls: observations are `tool` messages answering the call."""
+
+    uses_tools = True
+
+    def action(self, tool: str, arguments: dict, text: str) -> Message:
+        return Message("assistant", "", tool_calls=[ToolCall(tool, dict(arguments))])
+
+    def observation(self, content: str, call: ToolCall | None = None, tool: str | None = None) -> Message:
+        if call is None:
+            return Message("tool", content, name=tool)
+        return Message("tool", content, tool_call_id=call.id, name=call.name)

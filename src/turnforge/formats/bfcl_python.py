@@ -93,10 +93,28 @@ def _strip(text: str) -> str:
     return body
 
 
+def call_string(call: ToolCall) -> str:
+    """BFCL's string of a call (its FC models' `convert_to_function_call`): `name(k=repr(v),...)`."""
+    return f"{call.name}({','.join(f'{k}={v!r}' for k, v in call.arguments.items())})"
+
+
 class BfclPythonFormat:
-    """`[func(a=1), g(b='x')]` replies; anything else is a plain answer that ends the user turn."""
+    """`[func(a=1), g(b='x')]` replies; anything else is a plain answer that ends the user turn.
+
+    Calls are written as text, but parse into `tool_calls`; their results come back as `tool` messages named
+    by the call string, as in BFCL's prompting mode.
+    """
 
     name = "bfcl_python"
+    uses_tools = False
+
+    def action(self, tool: str, arguments: dict, text: str) -> Message:
+        return Message("assistant", "", tool_calls=[ToolCall(tool, dict(arguments))])
+
+    def observation(self, content: str, call: ToolCall | None = None, tool: str | None = None) -> Message:
+        if call is None:
+            return Message("user", content)
+        return Message("tool", content, name=call_string(call))
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         """BFCL's prompting system prompt; with `tools` (BFCL function docs) their list is appended.

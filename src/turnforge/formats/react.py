@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 
 from turnforge.formats.act_line import strip_action_markup
-from turnforge.formats.base import FormatError
+from turnforge.formats.base import FormatError, TextActions
 from turnforge.types import Message
 
 FINAL_ANSWER = "final_answer"
@@ -85,7 +85,7 @@ def _operation(body: str, tag: _Tag, text: str, language: str | None) -> Message
     return Message(role="assistant", content=code)
 
 
-class ReactFormat:
+class ReactFormat(TextActions):
     """Thought / Action / Final Answer replies; `code_language` set = DBBench's fenced operations."""
 
     def __init__(self, code_language: str | None = None, name: str = "react") -> None:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnforge.formats.base import FormatError
+from turnforge.formats.base import FormatError, ToolActions
 from turnforge.types import Message, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -142,10 +142,11 @@ def _tool_call(body: str, index: int, fixes: list[str]) -> ToolCall | str:
     return ToolCall(name=name, arguments=args)
 
 
-class ToolCallFormat:
+class ToolCallFormat(ToolActions):
     """Free text, then one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks."""
 
     name = "tool_call"
+    call_marker = OPEN  # text without it holds no call attempt (PlainTextEndsTurn)
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         """Qwen3's own tool section when `tools` (JSON schemas) are given, else just the call format.

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from turnforge.types import Message
 
@@ -82,6 +82,34 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage], 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Ids of `text` with no BOS/EOS added, exactly as `apply_chat_template(tokenize=True)` tokenizes it."""
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@runtime_checkable
+class ChatRenderer(Protocol):
+    """Turns messages into the exact ids a model sees (a model policy's `renderer`, passed to `run_episodes`).
+
+    `turnforge.models.chat.ChatTemplateRenderer` implements it over a Hugging Face chat template.
+    """
+
+    window: int | None
+    """None: one growing id sequence per episode. N: each prompt is `window_messages(messages, N)` rendered anew."""
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        """Ids of a whole prompt, ending with the header of the assistant turn to generate."""
+        ...
+
+    def observation_ids(
+        self,
+        messages: list[Message],
+        new_messages: list[Message],
+        tools: list[dict] | None,
+        generated_ids: list[int],
+        finish_reason: str | None,
+    ) -> list[int]:
+        """Ids appended after `generated_ids`: end-of-turn if the generation lacks it, `new_messages` and the
+        next assistant header. `messages` is the conversation up to and including the raw assistant message
+        just generated."""
+        ...
 
 
 class ChatTemplateRenderer:

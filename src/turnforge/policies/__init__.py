@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
@@ -11,6 +12,7 @@ __all__ = [
     "ExpertPolicy",
     "Generation",
     "Policy",
+    "PolicySpec",
     "Prompt",
     "RandomPolicy",
     "ReplayPolicy",
@@ -18,37 +20,68 @@ __all__ = [
     "make_policy",
 ]
 
+_SCRIPTED = ("expert", "random")
 _MODEL_BACKENDS = ("hf", "vllm", "openai")
-_USAGE = "expert, random, replay:FILE, hf, vllm or openai:URL"
+_USAGE = "expert, random, replay:FILE, hf[:PATH], vllm[:PATH] or openai:URL[#MODEL]"
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy spec, as `--policy` and every model role take it: `kind[:target][#model]`.
+
+    >>> PolicySpec.parse("openai:http://127.0.0.1:8000/v1#qwen3-4b")
+    PolicySpec(kind='openai', target='http://127.0.0.1:8000/v1', model='qwen3-4b')
+    >>> PolicySpec.parse("hf:runs/qs/stages/02-sft/model")
+    PolicySpec(kind='hf', target='runs/qs/stages/02-sft/model', model=None)
+    """
+
+    kind: str
+    target: str | None = None
+    """hf / vllm: the model folder or hub id; openai: the server's base URL; replay: the JSONL file."""
+    model: str | None = None
+    """openai: the served model's name (`#name`)."""
+
+    @classmethod
+    def parse(cls, text: str) -> PolicySpec:
+        kind, _, rest = text.strip().partition(":")
+        if kind not in (*_SCRIPTED, "replay", *_MODEL_BACKENDS):
+            raise ValueError(f"unknown policy {text!r}; use one of {_USAGE}")
+        target, model = rest, None
+        if kind == "openai" and "#" in rest:
+            target, _, model = rest.rpartition("#")
+        if kind in _SCRIPTED and rest:
+            raise ValueError(f"policy {kind!r} takes no argument (got {text!r})")
+        if kind in ("replay", "openai") and not target:
+            need = "a file: replay:runs/NAME/episodes.jsonl" if kind == "replay" else "a URL: openai:http://HOST:PORT/v1"
+            raise ValueError(f"policy {kind} needs {need}")
+        return cls(kind, target or None, model or None)
 
 
 def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: Any) -> Policy:
-    """Build the policy named by `spec`: "expert" | "random" | "replay:FILE" | "hf" | "vllm" | "openai:URL".
+    """Build the policy named by `spec` (see `PolicySpec`): "expert" | "random" | "replay:FILE" | "hf[:PATH]" ...
 
-    `model` is the checkpoint for the model backends (ignored by scripted policies); `seed` drives `random`;
-    `options` are the model backend's own settings (hf: device, dtype, window, batch_size, adapter).
+    `model` is the checkpoint for the model backends when the spec does not name one (`--policy hf --model
+    PATH`); `seed` drives `random`; `options` are the model backend's own settings (hf: device, dtype,
+    window, batch_size, adapter).
     """
-    kind, _, arg = spec.partition(":")
-    if kind == "expert" and not arg:
+    parsed = PolicySpec.parse(spec)
+    if parsed.kind == "expert":
         return ExpertPolicy()
-    if kind == "random" and not arg:
+    if parsed.kind == "random":
         return RandomPolicy(seed)
-    if kind == "replay":
-        if not arg:
-            raise ValueError("--policy replay needs a file: --policy replay:runs/NAME/episodes.jsonl")
-        return ReplayPolicy(arg)
-    if kind == "hf":
-        if arg:
-            raise ValueError(f"--policy hf takes no argument (got {spec!r}); give the model with --model PATH")
-        if not model:
-            raise ValueError("--policy hf needs a model: --model PATH_OR_HUB_ID (e.g. a run's sft/model folder)")
+    if parsed.kind == "replay":
+        return ReplayPolicy(parsed.target)
+    if parsed.kind == "hf":
+        if parsed.target and model and parsed.target != model:
+            raise ValueError(f"two models for one policy: {spec!r} and --model {model}; give one")
+        path = parsed.target or model
+        if not path:
+            raise ValueError("--policy hf needs a model: hf:PATH or --model PATH_OR_HUB_ID (e.g. a run's sft/model folder)")
         from turnforge.policies.hf import HFPolicy  # imports torch and transformers: only when asked for
 
-        return HFPolicy(model, **options)
-    if kind in _MODEL_BACKENDS:
-        # Raised as NotImplementedError so callers can tell "not yet" from "wrong input".
-        raise NotImplementedError(
-            f"policy {spec!r} (a model backend) is not available in this version of turnforge; "
-            "use --policy hf --model PATH, expert, random or replay:FILE"
-        )
-    raise ValueError(f"unknown policy {spec!r}; use one of {_USAGE}")
+        return HFPolicy(path, **options)
+    # Raised as NotImplementedError so callers can tell "not yet" from "wrong input".
+    raise NotImplementedError(
+        f"policy {spec!r} (a model backend) is not available in this version of turnforge; "
+        "use --policy hf --model PATH, expert, random or replay:FILE"
+    )

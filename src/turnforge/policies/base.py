@@ -15,6 +15,7 @@ from turnforge.types import Message, Task
 
 if TYPE_CHECKING:
     from turnforge.envs.base import Env
+    from turnforge.models.chat import ChatRenderer
 
 
 @dataclass
@@ -54,6 +55,13 @@ class Generation:
 
 @runtime_checkable
 class Policy(Protocol):
+    """A batch in, one reply per prompt out (in order). The rollout calls `generate` from one worker thread per
+    model role, one call at a time; a policy may also have `release(keys)`, called (from that same thread)
+    with the `(task_id, sample)` keys of episodes that ended, to drop per-episode state."""
+
     name: str
+    renderer: ChatRenderer | None
+    """What makes its episodes token-exact (a model backend's chat template), passed by callers to
+    `run_episodes(..., renderer=policy.renderer)`; None for scripted policies, whose replies are text."""
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]: ...

@@ -115,9 +115,12 @@ class HFPolicy:
             batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk])
             for i, gen in zip(chunk, batch, strict=True):
                 out[i] = gen
-        if self.prefix_cache is not None:
-            self.prefix_cache.retain({k for k in keys if k is not None})  # episodes not asked for have ended
         return out  # type: ignore[return-value]
+
+    def release(self, keys: list[tuple[str, int]]) -> None:
+        """The rollout is done with these episodes: drop their prefix-cache entries."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(keys)
 
     def _render(self, prompt: Prompt) -> list[int]:
         return self.renderer.prompt_ids(window_messages(prompt.messages, self.renderer.window), prompt.tools)
@@ -128,7 +131,7 @@ class HFPolicy:
         cache = self.prefix_cache
         cached = [cache.cached_length(k, p) if k is not None else 0 for k, p in zip(keys, prompts, strict=True)]
         pad = self.tokenizer.pad_token_id
-        input_ids, attention_mask, width_cached, width_suffix = batch_layout(prompts, cached, pad)
+        input_ids, attention_mask, width_cached, width_suffix = batch_layout(prompts, cached, pad, self.device)
         entries = [cache.entries[k] if n else None for k, n in zip(keys, cached, strict=True)] if cache else []
         past = batch_cache(entries, cached, width_cached, self.model.config, input_ids) if any(cached) else None
         recorder = SampledLogprobs()
@@ -142,8 +145,8 @@ class HFPolicy:
             **_NEUTRAL,
         )
         output = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             past_key_values=past,
             generation_config=config,
             logits_processor=_processors(params, recorder),
@@ -171,7 +174,7 @@ class HFPolicy:
                 torch.arange(start, start + len(gen.ids) - 1),
             ])
             rows.append((i, key, list(ids) + gen.ids[:-1]))
-            positions.append(where.to(self.device))
+            positions.append(where.to(self.device))  # indexes the cache's tensors, which live on the model's device
         if not rows:
             return
         picked = [i for i, _, _ in rows]

@@ -15,7 +15,7 @@ A prompt that does not extend its entry (a history window re-renders the prompt)
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,13 +58,17 @@ class PrefixCache:
             return 0
         return len(entry.ids)
 
-    def retain(self, keys: set[Hashable]) -> None:
-        """Keep the entries of these (still open) episodes only."""
-        self.entries = {k: v for k, v in self.entries.items() if k in keys}
+    def forget(self, keys: Iterable[Hashable]) -> None:
+        """Drop the entries of these (ended) episodes."""
+        for key in keys:
+            self.entries.pop(key, None)
 
 
-def batch_layout(prompts: list[list[int]], cached: list[int], pad: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(input_ids, attention_mask, P, S): each row = left-padded cached part (width P) + left-padded suffix (width S)."""
+def batch_layout(
+    prompts: list[list[int]], cached: list[int], pad: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(input_ids, attention_mask, P, S) on `device`: each row = left-padded cached part (width P) + left-padded
+    suffix (width S)."""
     width_cached = max(cached)
     width_suffix = max(len(p) - n for p, n in zip(prompts, cached, strict=True))
     rows, masks = [], []
@@ -73,7 +77,7 @@ def batch_layout(prompts: list[list[int]], cached: list[int], pad: int) -> tuple
         gap_c, gap_s = width_cached - n, width_suffix - len(suffix)
         rows.append([pad] * gap_c + list(ids[:n]) + [pad] * gap_s + list(suffix))
         masks.append([0] * gap_c + [1] * n + [0] * gap_s + [1] * len(suffix))
-    return torch.tensor(rows), torch.tensor(masks), width_cached, width_suffix
+    return torch.tensor(rows, device=device), torch.tensor(masks, device=device), width_cached, width_suffix
 
 
 def batch_cache(entries: list[Entry | None], cached: list[int], width: int, config, like: torch.Tensor) -> DynamicCache | None:

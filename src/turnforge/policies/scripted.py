@@ -49,6 +49,7 @@ class ExpertPolicy:
     """The env's own scripted solver (`env.expert_reply()`), rendered in the env's format."""
 
     name = "expert"
+    renderer = None  # replies are text in the env's format
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         return [self._reply(p) for p in prompts]
@@ -71,6 +72,7 @@ class RandomPolicy:
     """
 
     name = "random"
+    renderer = None  # replies are text in the env's format
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -105,6 +107,8 @@ class ReplayPolicy:
     step, a message without calls ends the user turn) is replayed as its calls, written in the env's format.
     An episode whose replies ran out, or that has none, gets `finish_reason="exhausted"` (-> gave_up).
     """
+
+    renderer = None  # replies are text in the env's format
 
     def __init__(self, path: str | Path):
         self.path = Path(path)

@@ -37,6 +37,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,11 @@ from typing import Any
 import datasets
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
+from trl.models import unwrap_model_for_generation
 
 from turnforge.envs.base import make_env
 from turnforge.models import LoraSpec, load_model, merge_and_save, resolve_model
-from turnforge.policies.base import SamplingParams
+from turnforge.policies.base import Policy, SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.rewards import COMPONENTS, RewardWeights, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
@@ -177,6 +179,11 @@ def task_prompt(task: Task, messages: list) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.content, "task_id": task.id} for m in messages]
 
 
+def hf_rollout_policy(model, tokenizer, settings: GRPOSettings) -> Policy:
+    """The default rollout policy: HF `generate` on the model being trained (a vLLM factory can replace it)."""
+    return HFPolicy.from_model(model, tokenizer, batch_size=settings.episodes_per_step, model_id="grpo")
+
+
 class EpisodeRollouts:
     """TRL's `rollout_func(prompts, trainer) -> dict`: plays the prompts' tasks with the trainer's model.
 
@@ -192,12 +199,14 @@ class EpisodeRollouts:
         tokenizer,
         settings: GRPOSettings,
         log_path: Path | None = None,
+        policy_factory: Callable[..., Policy] | None = None,
     ) -> None:
         self.env_name, self.env_options = env_name, env_options
         self.tasks = {t.id: t for t in tasks}
         self.tokenizer = tokenizer
         self.settings = settings
         self.log_path = log_path
+        self.policy_factory = policy_factory or hf_rollout_policy
         self.rng = random.Random(settings.seed)
         self.calls = 0
         self.episodes = 0
@@ -205,14 +214,19 @@ class EpisodeRollouts:
     def __call__(self, prompts: list[list[dict[str, Any]]], trainer: GRPOTrainer) -> dict[str, list]:
         started = time.perf_counter()
         slots = [self.tasks[p[-1]["task_id"]] for p in prompts]
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        was_training = model.training
-        model.eval()
-        try:
-            groups = self._play(model, slots)
-            groups, replaced, left = self._resample(model, groups)
-        finally:
-            model.train(was_training)
+        # As TRL's own generation: the bare model, with ZeRO-3's sharded parameters gathered while it generates.
+        args = trainer.args
+        with unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+        ) as model:
+            was_training = model.training
+            model.eval()
+            try:
+                groups = self._play(model, slots)
+                groups, replaced, left = self._resample(model, groups)
+            finally:
+                model.train(was_training)
         episodes = [traj for _, trajs in groups for traj in trajs]
         self.episodes += len(episodes)
         out = self._to_trl(episodes)
@@ -231,7 +245,7 @@ class EpisodeRollouts:
 
     def _episodes(self, model, runs: list[tuple[Task, int]]) -> list[tuple[Task, list[Trajectory]]]:
         s = self.settings
-        policy = HFPolicy.from_model(model, self.tokenizer, batch_size=s.episodes_per_step, model_id="grpo")
+        policy = self.policy_factory(model, self.tokenizer, s)
         self.calls += 1
         params = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed + 7919 * self.calls
@@ -242,7 +256,8 @@ class EpisodeRollouts:
         skip = frozenset((kt.id, i) for kt, (_, n) in zip(keyed, runs, strict=True) for i in range(n, width))
         limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
         trajs = run_episodes(
-            policy, lambda: make_env(self.env_name, **self.env_options), keyed, width, limits, params, skip=skip
+            policy, lambda: make_env(self.env_name, **self.env_options), keyed, width, limits, params, skip=skip,
+            renderer=policy.renderer,
         )
         by_key: dict[str, list[Trajectory]] = {}
         for traj in trajs:

@@ -26,7 +26,6 @@ from turnforge.envs.bfcl.data import PINNED_VERSION
 from turnforge.envs.bfcl.execution import (
     CallOutcome,
     build_instances,
-    call_string,
     execute,
     method_table,
     parse_call_string,
@@ -35,8 +34,11 @@ from turnforge.envs.bfcl.hints import hint_for
 from turnforge.envs.bfcl.tools import docs_by_class, entry_docs, tool_schema
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
+from turnforge.formats.bfcl_python import call_string
+from turnforge.formats.plain_text import PlainTextEndsTurn
 from turnforge.types import Message, Score, StepResult, StopReason, Task
 
+FORMATS = ("tool_call", "bfcl_python")
 MAXIMUM_STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
 ADDED_FUNCTIONS_MESSAGE = "I have updated some more functions you can choose from. What about now?"
 # The behaviour part of BFCL's prompting system prompt; given to function-calling models too, so that they
@@ -49,37 +51,12 @@ FC_SYSTEM_TEXT = (
 )
 
 
-class PlainTextEndsTurn:
-    """A tool format whose replies without any tool-call block are plain answers, not format errors.
-
-    In BFCL a reply without calls is the normal end of a user turn; the wrapped format's parse would
-    count it as a FormatError. Everything else is the wrapped format's.
-    """
-
-    def __init__(self, inner: Format, marker: str):
-        self.inner, self.marker, self.name = inner, marker, inner.name
-
-    def system_prompt(self, tools: list[dict] | None = None) -> str:
-        return self.inner.system_prompt(tools)
-
-    def parse(self, text: str) -> Message | FormatError:
-        if self.marker not in text:
-            return Message(role="assistant", content=text.strip())
-        return self.inner.parse(text)
-
-    def render(self, message: Message) -> str:
-        return self.inner.render(message)
-
-    def error_observation(self, error: FormatError) -> str:
-        return self.inner.error_observation(error)
-
-
 def _env_format(name: str) -> Format:
-    if name == "tool_call":
-        return PlainTextEndsTurn(get_format("tool_call"), "<tool_call>")
-    if name != "bfcl_python":
-        raise ValueError(f"the bfcl env speaks tool_call or bfcl_python, not {name!r}")
-    return get_format(name)
+    if name not in FORMATS:
+        raise ValueError(f"the bfcl env speaks {' or '.join(FORMATS)}, not {name!r}")
+    fmt = get_format(name)
+    # A reply without calls ends the user turn in BFCL: a plain answer, not a format error.
+    return PlainTextEndsTurn(fmt) if fmt.uses_tools else fmt
 
 
 class BfclEnv:
@@ -121,8 +98,11 @@ class BfclEnv:
         self.force_quit = self.finished = False
         return [Message("system", self._system_text()), *self._user_messages(0)]
 
+    def close(self) -> None:
+        """Nothing to release: an episode's instances are plain Python objects."""
+
     def tools(self) -> list[dict] | None:
-        if self.format.name != "tool_call":
+        if not self.format.uses_tools:
             return None  # bfcl_python lists the docs in the system prompt, as BFCL's prompting mode does
         return [tool_schema(d) for d in self.docs]
 
@@ -195,7 +175,7 @@ class BfclEnv:
     # ---- internals -----------------------------------------------------------------------------------
 
     def _system_text(self) -> str:
-        if self.format.name == "tool_call":
+        if self.format.uses_tools:
             return FC_SYSTEM_TEXT  # tool schemas reach the model through tools() and the chat template
         return self.format.system_prompt(self.docs)
 
@@ -215,9 +195,7 @@ class BfclEnv:
 
     def _tool_message(self, outcome: CallOutcome, hint: str | None) -> Message:
         content = outcome.result if not (self.hints and hint) else f"{outcome.result}\nHint: {hint}"
-        if self.format.name == "tool_call":
-            return Message("tool", content, tool_call_id=outcome.call.id, name=outcome.call.name)
-        return Message("tool", content, name=call_string(outcome.call))  # BFCL: name = the call string
+        return self.format.observation(content, outcome.call)  # bfcl_python: named by the call string, as BFCL
 
     def _after_step(self, observation: list[Message], info: dict[str, Any]) -> StepResult:
         """A step that stays in the turn, unless it was one too many (BFCL's force quit)."""

@@ -114,11 +114,6 @@ def execute(call: ToolCall, methods: dict[str, Callable[..., Any]]) -> CallOutco
     return CallOutcome(call, result, str(error) if error is not None else None)
 
 
-def call_string(call: ToolCall) -> str:
-    """BFCL's string of a call (its FC models' `convert_to_function_call`): `name(k=repr(v),...)`."""
-    return f"{call.name}({','.join(f'{k}={v!r}' for k, v in call.arguments.items())})"
-
-
 def parse_call_string(text: str, methods: dict[str, Callable[..., Any]] | None = None) -> ToolCall:
     """A ground-truth call string (`sort('a.txt')`, `cd(folder='x')`) -> ToolCall with keyword arguments.
 

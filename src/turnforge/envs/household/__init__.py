@@ -50,6 +50,8 @@ SPEC = register_env(
             EnvOption("expert", str, "oracle", "scripted solver: oracle (knows where things are) or explorer "
                       "(searches like an agent; learnable by imitation)", ("oracle", "explorer")),
             EnvOption("seed", int, 0, "generator seed of the task splits"),
+            EnvOption("step_delay_ms", int, 0, "each step sleeps this long: stands in for a slow env (a sandbox, "
+                      "a simulated user) in benchmarks and tests of the rollout engine"),
             EnvOption("receptacles", float, 1.0, "scale of the number of receptacles per room"),
             EnvOption("distractors", int, 8, "objects per room that are not part of the goal"),
             EnvOption("closed", float, 1.0, "fraction of openable receptacles that start closed"),

@@ -12,7 +12,13 @@ import json
 from pathlib import Path
 
 from turnforge.envs.household.engine import NOTHING
-from turnforge.envs.household.env import ACTION_TOOL, action_message, action_of, system_text
+from turnforge.envs.household.env import (
+    ACTION_TOOL,
+    action_message,
+    action_of,
+    observation_message,
+    system_text,
+)
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
 from turnforge.types import Message, Score, StepResult, StopReason, Task
@@ -97,25 +103,29 @@ class AlfWorldEnv:
         system = system_text(grammar) + "\n\n" + self.format.system_prompt()  # tool schemas go through tools(): the chat template lists them
         return [Message("system", system), Message("user", normalize_observation(self.state.feedback))]
 
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
     def tools(self) -> list[dict] | None:
-        return [ACTION_TOOL] if self.format.name == "tool_call" else None
+        return [ACTION_TOOL] if self.format.uses_tools else None
 
     def step(self, reply: Message | FormatError) -> StepResult:
         self.steps += 1
-        call_id = None
+        call = None
         if isinstance(reply, FormatError):
             self.format_errors += 1
             text = NOTHING
         else:
-            action, call_id = action_of(reply)
+            action, call = action_of(reply)
             self.state, _, _ = self._env.step(action)
             text = normalize_observation(self.state.feedback)
             self.invalid += text == NOTHING
         self.won = bool(self.state["won"])
         done = self.won or self.steps >= self.max_steps
         stop = StopReason.success if self.won else (StopReason.max_turns if done else None)
-        role = "tool" if self.format.name == "tool_call" else "user"
-        msg = Message(role, text, tool_call_id=call_id, name="act" if role == "tool" else None)
+        msg = observation_message(self.format, text, call)
         return StepResult([msg], float(self.won), done, stop, {"progress": float(self.won), "won": self.won})
 
     def score(self) -> Score:
@@ -126,7 +136,7 @@ class AlfWorldEnv:
         return list(self.state["admissible_commands"])
 
     def action_message(self, action: str) -> Message:
-        return action_message(self.format.name, action)
+        return action_message(self.format, action)
 
     def expert_reply(self) -> Message:
         if not self.planner:

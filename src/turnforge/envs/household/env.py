@@ -14,12 +14,14 @@ the goal object, nor is the goal receptacle, the transform appliance or a place 
 
 from __future__ import annotations
 
+import time
+
 from turnforge.envs.household.catalog import TRANSFORM_APPLIANCE, TRANSFORM_STATE, is_plausible
 from turnforge.envs.household.engine import NOTHING, Check, World
 from turnforge.envs.household.expert import expert_plan
 from turnforge.envs.household.explorer import Explorer
 from turnforge.formats import get_format
-from turnforge.formats.base import FormatError
+from turnforge.formats.base import Format, FormatError
 from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
 
 # The household action as a tool, for the tool_call format.
@@ -54,19 +56,22 @@ def system_text(grammar: str) -> str:
     )
 
 
-def action_message(format_name: str, action: str) -> Message:
-    """The parsed reply that performs `action`: an `act` tool call in tool_call format, else the text."""
-    if format_name == "tool_call":
-        return Message("assistant", "", tool_calls=[ToolCall("act", {"action": action})])
-    return Message("assistant", action)
+def action_message(format: Format, action: str) -> Message:
+    """The parsed reply that performs `action`: an `act` tool call in a tool format, else the text."""
+    return format.action("act", {"action": action}, action)
 
 
-def action_of(reply: Message) -> tuple[str, str | None]:
-    """(command, tool call id) of a parsed reply; the inverse of `action_message`."""
+def action_of(reply: Message) -> tuple[str, ToolCall | None]:
+    """(command, the tool call that carried it) of a parsed reply; the inverse of `action_message`."""
     if reply.tool_calls:
         call = reply.tool_calls[0]
-        return str(call.arguments.get("action", "")), call.id
+        return str(call.arguments.get("action", "")), call
     return reply.content, None
+
+
+def observation_message(format: Format, text: str, call: ToolCall | None) -> Message:
+    """The env's answer in the format's shape: a tool message answering `act`, or a user turn."""
+    return format.observation(text, call, tool="act")
 
 
 class HouseholdEnv:
@@ -82,6 +87,7 @@ class HouseholdEnv:
         format: str = "act_line",
         max_steps: int = 50,
         expert: str = "oracle",
+        step_delay_ms: int = 0,
         **_generation_options,
     ):
         self.grammar = grammar
@@ -92,6 +98,9 @@ class HouseholdEnv:
         if expert not in ("oracle", "explorer"):
             raise ValueError(f"expert must be 'oracle' or 'explorer', got {expert!r}")
         self.expert = expert
+        if step_delay_ms < 0:
+            raise ValueError(f"step_delay_ms must be >= 0, got {step_delay_ms}")
+        self.step_delay_s = step_delay_ms / 1000
         self.world: World | None = None
         self._plan: list[str] = []
 
@@ -111,19 +120,24 @@ class HouseholdEnv:
         return [Message("system", system), Message("user", self._with_admissible(self.world.intro()))]
 
     def tools(self) -> list[dict] | None:
-        return [ACTION_TOOL] if self.format.name == "tool_call" else None
+        return [ACTION_TOOL] if self.format.uses_tools else None
+
+    def close(self) -> None:
+        self.world = None
 
     def step(self, reply: Message | FormatError) -> StepResult:
         assert self.world is not None, "call reset(task) first"
+        if self.step_delay_s:  # stands in for a sandbox or a simulated user that takes this long to answer
+            time.sleep(self.step_delay_s)
         self.steps += 1
         hint = None
         defects: list[str] = []  # a format error is the miner's "format" reason, not an env defect
         if isinstance(reply, FormatError):
             self.format_errors += 1
             hint = self.format.error_observation(reply)
-            text, call_id = (hint if self.hints else NOTHING), None
+            text, call = (hint if self.hints else NOTHING), None
         else:
-            action, call_id = action_of(reply)
+            action, call = action_of(reply)
             text, chk = self.world.step(action)
             self._advance_plan(action, chk.ok)
             defects = self._defects(chk)
@@ -139,7 +153,7 @@ class HouseholdEnv:
         info = {"progress": self.progress, "won": won, "defects": defects}
         if hint:
             info["hint"] = hint
-        return StepResult([self._observation(text, call_id)], float(won), done, stop, info)
+        return StepResult([self._observation(text, call)], float(won), done, stop, info)
 
     def score(self) -> Score:
         won = self.world is not None and self.world.goal_reached()
@@ -161,7 +175,7 @@ class HouseholdEnv:
         return self.world.admissible()
 
     def action_message(self, action: str) -> Message:
-        return action_message(self.format.name, action)
+        return action_message(self.format, action)
 
     def expert_reply(self) -> Message:
         if self.expert == "explorer":
@@ -197,11 +211,8 @@ class HouseholdEnv:
         elif ok or (self._plan and action.strip() == self._plan[0]):
             self._plan = []
 
-    def _observation(self, text: str, call_id: str | None) -> Message:
-        text = self._with_admissible(text)
-        if self.format.name == "tool_call":
-            return Message("tool", text, tool_call_id=call_id, name="act")
-        return Message("user", text)
+    def _observation(self, text: str, call: ToolCall | None) -> Message:
+        return observation_message(self.format, self._with_admissible(text), call)
 
     def _with_admissible(self, text: str) -> str:
         if not self.show_admissible:

@@ -59,7 +59,7 @@ class SqlEnv:
             raise ValueError(f"the sql envs speak {' or '.join(FORMATS)}, not {format!r}")
         self.name = name
         self.format = get_format(format)
-        self.function_calling = format == "tool_call"
+        self.function_calling = self.format.uses_tools
         self.max_rounds = max_rounds
         self.hints = hints
         self.backend: SqlBackend = open_backend(db_url, timeout)
