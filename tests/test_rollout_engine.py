@@ -197,3 +197,33 @@ def test_callable_from_inside_a_running_event_loop(tasks):
     trajs = asyncio.run(inside())
     assert [t.score.success for t in trajs] == [True, True]
 
+
+
+class ServerLikePolicy:
+    """A backend that answers many requests at once (like an HTTP server): each call sleeps, then answers."""
+
+    name = "server-like"
+    renderer = None
+    max_in_flight = 4
+
+    def __init__(self):
+        self.lock, self.now, self.most, self.sizes = threading.Lock(), 0, 0, []
+
+    def generate(self, prompts, params):
+        import time
+
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.sizes.append(len(prompts))
+        time.sleep(0.02)
+        with self.lock:
+            self.now -= 1
+        return ExpertPolicy().generate(prompts, params)
+
+
+def test_a_server_backend_gets_one_request_per_call_up_to_its_limit(tasks):
+    policy = ServerLikePolicy()
+    trajs = run_episodes(policy, partial(make_env, "household"), tasks[:8], 1, RolloutLimits(max_open=8))
+    assert all(t.score.success for t in trajs)
+    assert set(policy.sizes) == {1} and 1 < policy.most <= 4

@@ -13,7 +13,8 @@ model is busy while it generates, and the hf policy's prefix cache belongs to on
 
 With envs that answer quickly only the first rule fires, so the batches are the lock-step engine's (the same
 episodes, sorted by episode index) and seeded sampling reproduces run to run. A server backend (openai,
-later) answers a batch by sending its requests concurrently; nothing here changes for it.
+and others, whose `max_in_flight` > 1) gains nothing from waiting: its requests go one per call as soon as
+they arrive, up to `max_in_flight` calls at once (the server batches them itself).
 
 Envs that declared a role (`Env.roles`, e.g. a customer-service env's `user`) get a `RoleClient` per episode;
 they call `client.generate(messages)` from their `step`, which runs in an env worker thread: the request joins
@@ -67,10 +68,15 @@ class _Request:
 class _Queue:
     role: Role
     worker: ThreadPoolExecutor
+    max_in_flight: int = 1  # > 1: a server backend; each request is its own call, this many at once
     pending: list[_Request] = field(default_factory=list)
-    busy: bool = False
+    in_flight: int = 0
     since: float = 0.0  # loop time of the oldest pending request
     stats: RoleStats = field(default_factory=RoleStats)
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight >= self.max_in_flight
 
 
 class RoleQueues:
@@ -84,10 +90,14 @@ class RoleQueues:
         self.thread = threading.get_ident()
         self.live, self.max_batch, self.tick_s = live, max_batch, tick_s
         self.waiting = 0  # requests pending or in flight, all roles (an episode has at most one)
-        self.queues = {
-            name: _Queue(role, ThreadPoolExecutor(1, thread_name_prefix=f"turnforge-{name}"))
-            for name, role in roles.items()
-        }
+        self.queues = {name: self._make_queue(name, role) for name, role in roles.items()}
+
+    @staticmethod
+    def _make_queue(name: str, role: Role) -> _Queue:
+        flight = int(getattr(role.policy, "max_in_flight", 1))
+        if flight < 1:
+            raise ValueError(f"policy {role.policy.name!r}: max_in_flight must be at least 1, got {flight}")
+        return _Queue(role, ThreadPoolExecutor(flight, thread_name_prefix=f"turnforge-{name}"), flight)
 
     @property
     def stats(self) -> dict[str, RoleStats]:
@@ -115,18 +125,18 @@ class RoleQueues:
     def dispatch(self) -> None:
         """Start a batched call for every idle role whose pending requests are ready to go."""
         for q in self.queues.values():
-            if q.busy or not q.pending:
-                continue
-            full = len(q.pending) >= self.max_batch
-            stalled = self.waiting >= self.live()
-            if full or stalled or self.loop.time() - q.since >= self.tick_s * 0.999:
-                batch = sorted(q.pending, key=lambda r: r.order)[: self.max_batch]
-                taken = {id(r) for r in batch}
-                q.pending = [r for r in q.pending if id(r) not in taken]
+            while q.pending and not q.busy:
+                full = len(q.pending) >= self.max_batch
+                stalled = self.waiting >= self.live()
+                if not (q.max_in_flight > 1 or full or stalled or self.loop.time() - q.since >= self.tick_s * 0.999):
+                    break
+                size = 1 if q.max_in_flight > 1 else self.max_batch
+                q.pending.sort(key=lambda r: r.order)
+                batch, q.pending = q.pending[:size], q.pending[size:]
                 q.since = self.loop.time()
                 if q.pending:
                     self.loop.call_later(self.tick_s, self.dispatch)
-                q.busy = True
+                q.in_flight += 1
                 self.loop.create_task(self._run(q, batch))
 
     async def _run(self, q: _Queue, batch: list[_Request]) -> None:
@@ -155,7 +165,7 @@ class RoleQueues:
             q.stats.requests += len(batch)
             q.stats.calls += 1
             q.stats.busy_s += time.perf_counter() - started
-            q.busy = False
+            q.in_flight -= 1
             self.dispatch()
 
     def _queue(self, role: str) -> _Queue:
