@@ -72,16 +72,27 @@ def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: A
     if parsed.kind == "replay":
         return ReplayPolicy(parsed.target)
     if parsed.kind == "hf":
-        if parsed.target and model and parsed.target != model:
-            raise ValueError(f"two models for one policy: {spec!r} and --model {model}; give one")
-        path = parsed.target or model
-        if not path:
-            raise ValueError("--policy hf needs a model: hf:PATH or --model PATH_OR_HUB_ID (e.g. a run's sft/model folder)")
         from turnforge.policies.hf import HFPolicy  # imports torch and transformers: only when asked for
 
-        return HFPolicy(path, **options)
+        return HFPolicy(_model_path(parsed, model), **options)
+    if parsed.kind == "vllm":
+        from turnforge.policies.vllm import VLLMPolicy  # imports vllm: only when asked for
+
+        return VLLMPolicy(_model_path(parsed, model), **{k: v for k, v in options.items() if k in ("dtype", "window", "adapter")})
     # Raised as NotImplementedError so callers can tell "not yet" from "wrong input".
     raise NotImplementedError(
         f"policy {spec!r} (a model backend) is not available in this version of turnforge; "
         "use --policy hf --model PATH, expert, random or replay:FILE"
     )
+
+
+def _model_path(spec: PolicySpec, model: str | None) -> str:
+    """The checkpoint of a model backend: from the spec (`hf:PATH`) or from `--model`, not two different ones."""
+    if spec.target and model and spec.target != model:
+        raise ValueError(f"two models for one policy: {spec.kind}:{spec.target} and --model {model}; give one")
+    path = spec.target or model
+    if not path:
+        raise ValueError(
+            f"--policy {spec.kind} needs a model: {spec.kind}:PATH or --model PATH_OR_HUB_ID (e.g. a run's sft/model folder)"
+        )
+    return path

@@ -183,14 +183,21 @@ class HFPolicy:
             self.prefix_cache.store(key, Entry(ids, entry_layers))
 
     def _finish(self, ids: list[int], logprobs: list[float], stop: Sequence[str]) -> Generation:
-        ids, finish = cut_generation(ids, self.stop_ids, stop, self.tokenizer.decode)
-        text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in self.stop_ids else ids
-        return Generation(
-            text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
-            ids=ids,
-            logprobs=logprobs[: len(ids)],
-            finish_reason=finish,
-        )
+        return finish_generation(ids, logprobs, self.stop_ids, stop, self.tokenizer)
+
+
+def finish_generation(ids: list[int], logprobs: list[float], stop_ids: Sequence[int], stop: Sequence[str],
+                      tokenizer) -> Generation:
+    """One engine output row -> Generation: cut at the first stop (`cut_generation`), text = the decoded ids
+    without the end-of-turn id. Every in-process backend (hf, vllm) ends its replies the same way."""
+    ids, finish = cut_generation(ids, stop_ids, stop, tokenizer.decode)
+    text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in stop_ids else ids
+    return Generation(
+        text=tokenizer.decode(text_ids, skip_special_tokens=False),
+        ids=ids,
+        logprobs=logprobs[: len(ids)],
+        finish_reason=finish,
+    )
 
 
 def cut_generation(ids: list[int], stop_ids: Sequence[int], stop: Sequence[str], decode) -> tuple[list[int], str]:

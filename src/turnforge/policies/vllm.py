@@ -1,0 +1,170 @@
+"""vllm: generation with vLLM's offline engine (`vllm.LLM`) for rollouts and evaluation on a GPU.
+
+Same contract as the hf policy, so an episode is token-exact either way: prompts go in as token ids
+(`TokensPrompt(prompt_token_ids=Prompt.ids)`, built by this policy's `renderer` over the model's own chat
+template), and each reply comes back as the sampled ids, their log-probabilities, the decoded text and a finish
+reason, cut at the first end-of-turn id or stop string exactly as the hf policy cuts (`finish_generation`).
+vLLM's automatic prefix caching (on) reuses the keys/values of each episode's previous turns: the next prompt
+extends the last one.
+
+Differences from hf, on purpose:
+- Sampling seeds are per request, from (seed, task id, sample, turn): an episode samples the same tokens
+  whatever batch it lands in (hf seeds torch's global generator once per batched call).
+- Log-probabilities are vLLM's `processed_logprobs` (after temperature and top-k / top-p, as TRL's vLLM modes
+  ask for): the distribution the token was actually drawn from. TRL's importance-sampling correction
+  (`vllm_importance_sampling_correction`) compares them with the trainer's own.
+
+Install: `pip install "turnforge[vllm]"` on a machine with a CUDA GPU.
+
+    turnforge eval --env bfcl --policy vllm --model Qwen/Qwen3-4B-Instruct-2507 --temperature 0.7 --samples 4 --out runs/bfcl
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from turnforge.models.chat import ChatTemplateRenderer, window_messages
+from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.hf import _check_params, finish_generation
+
+INSTALL = 'vLLM is not installed: pip install "turnforge[vllm]" (it needs a CUDA GPU; on a CPU use --policy hf)'
+
+
+def import_vllm():
+    """The vllm module, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"{INSTALL} ({e})") from None
+    return vllm
+
+
+class VLLMPolicy:
+    """Generate with a `vllm.LLM` (a local folder or a Hub id; `adapter`: a PEFT LoRA folder served on top)."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "auto",
+        window: int | None = None,
+        adapter: str | None = None,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        **engine_options: Any,
+    ):
+        vllm = import_vllm()
+        options: dict[str, Any] = dict(
+            model=str(model), dtype=dtype, enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs", **engine_options,
+        )
+        if adapter is not None:
+            options |= {"enable_lora": True, "max_lora_rank": engine_options.get("max_lora_rank", 64)}
+        llm = vllm.LLM(**options)
+        lora = vllm.lora.request.LoRARequest("adapter", 1, str(adapter)) if adapter is not None else None
+        self._setup(llm, llm.get_tokenizer(), window, str(model), lora)
+
+    @classmethod
+    def from_llm(cls, llm, tokenizer, window: int | None = None, model_id: str = "vllm") -> VLLMPolicy:
+        """A policy over an engine already built (TRL's colocate mode: `trainer.vllm_generation.llm`)."""
+        policy = cls.__new__(cls)
+        policy._setup(llm, tokenizer, window, model_id, None)
+        return policy
+
+    def _setup(self, llm, tokenizer, window: int | None, model_id: str, lora) -> None:
+        self.llm, self.tokenizer, self.model_id, self.lora = llm, tokenizer, model_id, lora
+        self.renderer = ChatTemplateRenderer(tokenizer, window=window)
+        self.stop_ids = stop_ids_of(tokenizer, generation_config(llm.llm_engine.model_config.model))
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        """One reply per prompt, in order: the whole list is one `LLM.generate` call (vLLM schedules it)."""
+        _check_params(params)
+        vllm = import_vllm()
+        inputs = [vllm.inputs.TokensPrompt(prompt_token_ids=self._ids(p)) for p in prompts]
+        sampling = [self._sampling(vllm, params, p) for p in prompts]
+        outputs = self.llm.generate(inputs, sampling, lora_request=self.lora, use_tqdm=False)
+        return [self._reply(out.outputs[0], params) for out in outputs]
+
+    def _ids(self, prompt: Prompt) -> list[int]:
+        if prompt.ids is not None:
+            return list(prompt.ids)
+        return self.renderer.prompt_ids(window_messages(prompt.messages, self.renderer.window), prompt.tools)
+
+    def _sampling(self, vllm, params: SamplingParams, prompt: Prompt):
+        return vllm.SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,  # -1 = off in every vLLM version
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,  # the text keeps the stop string, as the hf policy's does
+            stop_token_ids=self.stop_ids,
+            skip_special_tokens=False,
+            logprobs=0,  # the sampled token's log-probability only
+            seed=request_seed(params.seed, prompt),
+        )
+
+    def _reply(self, completion, params: SamplingParams) -> Generation:
+        ids = list(completion.token_ids)
+        logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids, strict=False)]
+        logprobs += [0.0] * (len(ids) - len(logprobs))
+        return finish_generation(ids, logprobs, self.stop_ids, params.stop, self.tokenizer)
+
+
+def request_seed(seed: int, prompt: Prompt) -> int:
+    """A 63-bit seed per (seed, task, sample, turn): the same episode samples alike in any batch.
+
+    >>> from turnforge.types import Task
+    >>> p = Prompt(messages=[], task=Task("t1", "household", "test", "c", {}), sample=0, turn=2)
+    >>> request_seed(0, p) == request_seed(0, p) != request_seed(1, p)
+    True
+    """
+    key = f"{seed}/{prompt.task.id}/{prompt.sample}/{prompt.turn}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
+
+
+def generation_config(model: str) -> dict:
+    """The model's generation_config.json as a dict ({} when it has none)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model).to_dict()
+    except (OSError, ValueError):
+        return {}
+
+
+def stop_ids_of(tokenizer, generation_config: dict) -> list[int]:
+    """The end-of-turn ids: the tokenizer's eos and the model's generation_config eos ids (Qwen3: <|im_end|>, <|endoftext|>)."""
+    eos = generation_config.get("eos_token_id") if generation_config else None
+    extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    return sorted({tokenizer.eos_token_id, *extra} - {None})
+
+
+class TRLServerPolicy:
+    """Rollouts through TRL's `trl vllm-serve` server (GRPO with `vllm_mode = "server"`): `trainer.vllm_generation
+    .vllm_client`, whose weights TRL syncs before each rollout. Token ids in, token ids + log-probs out."""
+
+    name = "vllm-server"
+
+    def __init__(self, client, tokenizer, model: str, window: int | None = None):
+        self.client, self.tokenizer = client, tokenizer
+        self.renderer = ChatTemplateRenderer(tokenizer, window=window)
+        self.stop_ids = stop_ids_of(tokenizer, generation_config(model))
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        _check_params(params)
+        ids = [list(p.ids) if p.ids is not None else self.renderer.prompt_ids(p.messages, p.tools) for p in prompts]
+        out = self.client.generate(
+            prompts=ids, n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            max_tokens=params.max_new_tokens, logprobs=0,
+            generation_kwargs={"stop": list(params.stop) or None, "include_stop_str_in_output": True,
+                               "stop_token_ids": self.stop_ids, "skip_special_tokens": False},
+        )
+        gens = []
+        for completion, logprobs in zip(out["completion_ids"], out["logprobs"], strict=True):
+            flat = [float(step[0]) if step and step[0] is not None else 0.0 for step in logprobs]
+            gens.append(finish_generation(list(completion), flat, self.stop_ids, params.stop, self.tokenizer))
+        return gens
