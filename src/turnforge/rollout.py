@@ -1,11 +1,13 @@
 """THE multi-turn loop (design.md §5): one coroutine per episode, model calls batched per role.
 
 `play_episode` is an episode start to end: reset -> (generate -> parse -> step)* -> score. `run_episodes`
-keeps up to `max_open` of them alive on one asyncio event loop and streams each finished trajectory to
-`on_finish` (the eval writer flushes it at once). Where an episode waits, the others go on:
+keeps up to `max_open` of them alive on one asyncio event loop (on a thread of its own) and streams each
+finished trajectory to `on_finish` (the eval writer flushes it at once). Where an episode waits, the others
+go on:
 
   - generate: `await queues.generate("agent", prompt)`: the agent role's queue (policies/queue.py) runs the
-    pending requests of all episodes as ONE batched `policy.generate` call in the role's worker thread;
+    pending requests of all episodes as ONE batched `policy.generate` call on the thread that called
+    `run_episodes` (the thread that loaded, and in GRPO trains, the model);
   - env calls (reset, parse + step, score) run in a pool of env worker threads, so a step that waits (SQL,
     a sandbox, a simulated user over HTTP, another model role) stalls only its own episode. An env that
     declares model roles (`Env.roles`, e.g. a `user` simulator) gets a `RoleClient` per episode; its
@@ -44,7 +46,7 @@ from turnforge.envs.base import Env, UsesRoles
 from turnforge.formats.base import FormatError
 from turnforge.models.chat import ChatRenderer, window_messages
 from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
-from turnforge.policies.queue import Role, RoleClient, RoleQueues, RoleStats
+from turnforge.policies.queue import ModelThread, Role, RoleClient, RoleQueues, RoleStats
 from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
 
 T = TypeVar("T")
@@ -130,8 +132,8 @@ def run_episodes(
     `policy.renderer`). Returns the trajectories in task order, then sample order, whatever order they
     finished in; `on_finish` sees each one as soon as it finishes. Envs are reused across episodes
     (`reset`), except one that raised. `stats`, when given, receives each role's batching figures.
-    Callable from synchronous code (TRL's `rollout_func`); from inside a running event loop it runs on
-    a thread of its own.
+    Callable from synchronous code (TRL's `rollout_func`) and from inside a running event loop: the episodes'
+    event loop runs on a thread of its own, and the model calls run on the calling thread.
     """
     job = _Run(
         policy, env_factory, limits or RolloutLimits(), params or SamplingParams(), on_finish, seed, renderer,
@@ -142,29 +144,35 @@ def run_episodes(
         for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples_per_task))
         if (t.id, s) not in skip
     ]
-    finished = _run_coroutine(job.run(episodes))
+    finished = _run_on_loop_thread(job, episodes)
     if stats is not None:
         stats.update(job.stats)
     order = {(ep.task.id, ep.sample): ep.order for ep in episodes}
     return sorted(finished, key=lambda t: order[t.key])
 
 
-def _run_coroutine(coro) -> Any:
-    """`asyncio.run(coro)`, also when this thread already runs an event loop (then on a thread of its own)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
+def _run_on_loop_thread(job: _Run, episodes: list[_Episode]) -> list[Trajectory]:
+    """The event loop on a thread of its own; this thread serves the model calls until the loop is done."""
+    model_thread = ModelThread()
     box: dict[str, Any] = {}
 
-    def target() -> None:
+    def loop_main() -> None:
         try:
-            box["result"] = asyncio.run(coro)
+            box["result"] = asyncio.run(job.run(episodes, model_thread))
         except BaseException as e:  # re-raised in the caller's thread
             box["error"] = e
+        finally:
+            model_thread.stop()
 
-    thread = threading.Thread(target=target, name="turnforge-rollout")
+    thread = threading.Thread(target=loop_main, name="turnforge-rollout")
     thread.start()
+    try:
+        model_thread.serve()
+    except BaseException:  # Ctrl-C while a model call ran here: stop the loop, keep what finished
+        job.cancel()
+        model_thread.serve()
+        thread.join()
+        raise
     thread.join()
     if "error" in box:
         raise box["error"]
@@ -183,15 +191,23 @@ class _Run:
         self.idle_envs: list[Env] = []
         self.made_envs: list[Env] = []
         self.stats: dict[str, RoleStats] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.main: asyncio.Task | None = None
 
-    async def run(self, episodes: list[_Episode]) -> list[Trajectory]:
+    def cancel(self) -> None:
+        """Stop the run from another thread (the episodes finished so far were already handed to on_finish)."""
+        if self.loop is not None and self.main is not None:
+            self.loop.call_soon_threadsafe(self.main.cancel)
+
+    async def run(self, episodes: list[_Episode], model_thread: ModelThread) -> list[Trajectory]:
+        self.loop, self.main = asyncio.get_running_loop(), asyncio.current_task()
         queue, finished = deque(episodes), []
         unfinished = len(episodes)  # queued + open: min(max_open, unfinished) episodes are alive
 
         def live() -> int:
             return min(self.limits.max_open, unfinished)
 
-        self.queues = RoleQueues(self.roles, live, self.limits.max_open, self.limits.batch_wait_s)
+        self.queues = RoleQueues(self.roles, live, self.limits.max_open, self.limits.batch_wait_s, model_thread)
         workers = self.limits.env_workers
         self.pool = ThreadPoolExecutor(workers or self.limits.max_open, thread_name_prefix="turnforge-env") \
             if workers != 0 else None

@@ -3,8 +3,12 @@
 A rollout has one queue per model role (`agent`: the policy evaluated or trained; `user`: a simulator;
 `judge`; `teacher`), each over a `Policy` whose `generate(prompts, params)` answers a whole batch. An
 episode asks with `await queues.generate(role, prompt, order)`. A role's pending requests are dispatched as
-one `policy.generate` call, in that role's own worker thread (one call in flight per role: an in-process
-model is busy while it generates, and the hf policy's prefix cache belongs to one thread), as soon as
+one `policy.generate` call, one call in flight per role, on the MODEL THREAD: the thread that called
+`run_episodes` (the event loop runs on a thread of its own). In-process models thus generate on the thread
+that loaded and trains them: TRL's unwrapped / ZeRO-3-gathered model, CUDA's current stream and OpenMP's
+thread team are those of that thread (generation moved to another thread ran ~40 % slower on 2 CPU cores
+right after training or generating on the main thread), and the hf prefix cache is only touched there.
+A batch is dispatched as soon as
 
   - every live episode of the rollout waits on a model (no other request can come before one returns), or
   - `max_batch` requests are pending, or
@@ -27,7 +31,8 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import queue
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
@@ -57,6 +62,34 @@ class RoleStats:
         return self.requests / self.calls if self.calls else 0.0
 
 
+class ModelThread(Executor):
+    """An executor whose calls run on the thread that calls `serve()` (the caller of `run_episodes`).
+
+    Written here because the standard executors only run work on threads they create.
+    """
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        self._work.put((future, fn, args, kwargs))
+        return future
+
+    def serve(self) -> None:
+        """Run submitted calls, in order, until `stop()`."""
+        while (item := self._work.get()) is not None:
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as e:  # handed to whoever awaits the call
+                    future.set_exception(e)
+
+    def stop(self) -> None:
+        self._work.put(None)
+
+
 @dataclass
 class _Request:
     prompt: Prompt
@@ -67,7 +100,7 @@ class _Request:
 @dataclass
 class _Queue:
     role: Role
-    worker: ThreadPoolExecutor
+    worker: Executor
     max_in_flight: int = 1  # > 1: a server backend; each request is its own call, this many at once
     pending: list[_Request] = field(default_factory=list)
     in_flight: int = 0
@@ -82,7 +115,14 @@ class _Queue:
 class RoleQueues:
     """The batching queues of one rollout; used on its event loop only (`RoleClient` bridges from threads)."""
 
-    def __init__(self, roles: dict[str, Role], live: Callable[[], int], max_batch: int, tick_s: float = 0.05):
+    def __init__(
+        self,
+        roles: dict[str, Role],
+        live: Callable[[], int],
+        max_batch: int,
+        tick_s: float = 0.05,
+        model_thread: Executor | None = None,
+    ):
         unknown = set(roles) - set(ROLES)
         if unknown:
             raise ValueError(f"unknown model role(s) {sorted(unknown)}; roles are: {', '.join(ROLES)}")
@@ -90,13 +130,16 @@ class RoleQueues:
         self.thread = threading.get_ident()
         self.live, self.max_batch, self.tick_s = live, max_batch, tick_s
         self.waiting = 0  # requests pending or in flight, all roles (an episode has at most one)
+        self.model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="turnforge-model")
+        self._own_model_thread = model_thread is None
         self.queues = {name: self._make_queue(name, role) for name, role in roles.items()}
 
-    @staticmethod
-    def _make_queue(name: str, role: Role) -> _Queue:
+    def _make_queue(self, name: str, role: Role) -> _Queue:
         flight = int(getattr(role.policy, "max_in_flight", 1))
         if flight < 1:
             raise ValueError(f"policy {role.policy.name!r}: max_in_flight must be at least 1, got {flight}")
+        if flight == 1:  # an in-process model (or a scripted policy): on the model thread
+            return _Queue(role, self.model_thread, flight)
         return _Queue(role, ThreadPoolExecutor(flight, thread_name_prefix=f"turnforge-{name}"), flight)
 
     @property
@@ -178,7 +221,10 @@ class RoleQueues:
 
     def close(self) -> None:
         for q in self.queues.values():
-            q.worker.shutdown(wait=True)
+            if q.worker is not self.model_thread:
+                q.worker.shutdown(wait=True)
+        if self._own_model_thread:
+            self.model_thread.shutdown(wait=True)
 
 
 class RoleClient:
