@@ -40,6 +40,7 @@ from rich.console import Console
 
 from turnforge.eval.report import comparison_table, write_report
 from turnforge.recipes import Recipe, StageConfig, TrainStage, load_recipe
+from turnforge.recipes.schema import PlaysEnv
 from turnforge.stages import EVAL_DIR, RUNNERS, RunContext, stage_folder
 from turnforge.stages.context import STAGES_DIR
 
@@ -121,7 +122,7 @@ def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str
     """What a stage's results depend on: its config, the env (rollouts), the model and data it reads."""
     stage = recipe.stages[index]
     inputs: dict[str, Any] = {"stage": stage.model_dump(mode="json", exclude=set(stage.NOT_IN_HASH))}
-    if stage.ROLLS_OUT:
+    if isinstance(stage, PlaysEnv):
         name, options = recipe.stage_env(stage)
         inputs["env"] = {"name": name, "options": options}
     reads = [s for s in recipe.data_sources(index) if s in hashes]

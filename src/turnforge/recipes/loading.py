@@ -19,6 +19,7 @@ from turnforge.recipes.schema import (
     STAGE_KINDS,
     EnvConfig,
     ModelConfig,
+    PlaysEnv,
     RolloutStage,
     StageConfig,
     TrainStage,
@@ -241,7 +242,7 @@ def _check_env(recipe: Recipe, report: _Problems) -> None:
             report.add(loc, str(e))
     recipe.env.options = {k: v for k, v in coerced.items() if not (k == "format" and recipe.env.format)}
     for i, stage in enumerate(recipe.stages):
-        if stage is None or not stage.ROLLS_OUT:
+        if not isinstance(stage, PlaysEnv):
             continue
         stage_spec = spec
         if getattr(stage, "env", None):

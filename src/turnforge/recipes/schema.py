@@ -56,8 +56,6 @@ class StageConfig(Table):
     name: str = Field(pattern=STAGE_NAME)
     NOT_IN_HASH: ClassVar[frozenset[str]] = frozenset()
     """Fields that do not change a stage's results (changing them on a finished stage is allowed)."""
-    ROLLS_OUT: ClassVar[bool] = False
-    """The stage plays the recipe's env (so the env's name and options are among its inputs)."""
 
     @property
     def id(self) -> str:
@@ -65,10 +63,19 @@ class StageConfig(Table):
         return self.kind if self.name == self.kind else f"{self.kind}-{self.name}"
 
 
-class RolloutStage(StageConfig):
-    """Episodes of a policy on a split (collect and eval share these fields)."""
+class PlaysEnv(Table):
+    """A stage that plays an env on a `split`, with `env` options on top of the recipe's [env].
 
-    ROLLS_OUT: ClassVar[bool] = True
+    Being one is a base class, not a flag, so that no other base can shadow it: the env's name and options
+    are among the inputs of every such stage (its hash), and its split and options are checked at load.
+    """
+
+    split: str
+    env: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutStage(StageConfig, PlaysEnv):
+    """Episodes of a policy on a split (collect and eval share these fields)."""
 
     policy: Literal["expert", "random", "hf"]
     """expert / random: scripted, no model; hf: the model named by `model`, with transformers."""

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from turnforge.recipes.schema import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
+from turnforge.recipes.schema import STAGE_NAME, PlaysEnv, RolloutStage, Table, TrainStage, with_settings_fields
 
 
-class TaskFilter(Table):
+class TaskFilter(PlaysEnv):
     """Which tasks of the split a stage trains on."""
-
-    ROLLS_OUT: ClassVar[bool] = True
 
     split: str = "train"
     tasks: int | None = Field(default=None, ge=1)
