@@ -17,7 +17,7 @@ from pathlib import Path
 
 from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert
 from turnforge.policies.base import Generation, Prompt, SamplingParams
-from turnforge.types import Message
+from turnforge.types import Message, Trajectory
 
 
 def _env_of(prompt: Prompt, policy: str) -> Env:
@@ -155,6 +155,16 @@ def _assistant_reply(message: dict) -> str | Message:
     return message.get("content") or ""
 
 
+def _policy_replies(record: dict) -> list[dict]:
+    """The assistant messages the policy wrote: for a trajectory, `Trajectory.reply_indices()` (an env's prompt
+    may hold assistant turns of its own, e.g. DBBench's few-shot "Ok."); a bare `messages` record has no turns
+    to tell them apart, so all of its assistant messages."""
+    if "turns" in record:
+        traj = Trajectory.from_dict(record)
+        return [traj.messages[i].to_dict() for i in traj.reply_indices()]
+    return [m for m in record["messages"] if m["role"] == "assistant"]
+
+
 def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str | Message]]:
     expected = 'expected a trajectory (with "messages") or {"task_id": ..., "replies": [...]}'
     try:
@@ -170,7 +180,7 @@ def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str
         texts = record["replies"]
     elif "messages" in record:
         try:
-            texts = [_assistant_reply(m) for m in record["messages"] if m["role"] == "assistant"]
+            texts = [_assistant_reply(m) for m in _policy_replies(record)]
         except (TypeError, KeyError, AttributeError, ValueError):
             raise ValueError(
                 f"{where}: messages must be a list of {{role, content}} objects (tool_calls: name + arguments)"
