@@ -53,25 +53,42 @@ def trajectory_examples(
     """The SFT examples of one trajectory: one sequence, or one per assistant turn with a `window`.
 
     Token-exact ids are used when the trajectory has them (a rollout with a windowed renderer recorded its
-    per-turn prompts and always gives one example per turn); otherwise the messages are rendered.
+    per-turn prompts and always gives one example per turn); otherwise the messages are rendered. Either way
+    the replies are the policy's (`Trajectory.reply_indices()`): an env's own assistant turns in its first
+    messages (DBBench's few-shot "Ok.") are prompt.
     """
     if not traj.prompt_ids:
-        return conversation_examples(traj.messages, traj.tools, tokenizer, window)
+        return conversation_examples(traj.messages, traj.tools, tokenizer, window, replies=traj.reply_indices())
     if any(turn.prompt_ids for turn in traj.turns):  # rolled out with a window: each turn has its own prompt
         return [assistant_mask(turn.prompt_ids, [(turn.generated_ids, [])]) for turn in traj.turns]
     if window is not None:
         renderer = ChatTemplateRenderer(tokenizer, window)
-        prompts = _windowed_prompts(traj.messages, traj.tools, renderer)
-        if len(prompts) != len(traj.turns):
-            raise ValueError(
-                f"trajectory {traj.task_id!r} sample {traj.sample}: {len(traj.turns)} turns but "
-                f"{len(prompts)} assistant messages; cannot pair the generated ids with their prompts"
-            )
+        prompts = _windowed_prompts(traj.messages, traj.tools, renderer, traj.reply_indices())
         return [assistant_mask(p, [(turn.generated_ids, [])]) for p, turn in zip(prompts, traj.turns, strict=True)]
-    pieces = [(turn.generated_ids, turn.observation_ids) for turn in traj.turns]
-    if pieces:  # nothing after the last reply carries loss: the trailing observation is left out
-        pieces[-1] = (pieces[-1][0], [])
+    pieces = episode_pieces(traj)
     return [assistant_mask(traj.prompt_ids, pieces)] if pieces else []
+
+
+def episode_pieces(traj: Trajectory) -> list[tuple[list[int], list[int]]]:
+    """(generated ids, observation ids) per turn of a token-exact episode, for `assistant_mask`.
+
+    The observation after the last reply is left out: nothing after the last reply carries loss, and the model
+    never saw it (GRPO: TRL would read "last token is not EOS" as a truncated completion).
+
+    >>> from turnforge.types import Score, StopReason, Turn
+    >>> turns = [Turn("a", generated_ids=[3, 4], observation_ids=[5]), Turn("b", generated_ids=[6], observation_ids=[7])]
+    >>> episode_pieces(Trajectory("t", "e", "c", [], turns, Score(True, 1.0, 1.0), StopReason.success))
+    [([3, 4], [5]), ([6], [])]
+    """
+    if any(turn.prompt_ids for turn in traj.turns):
+        raise ValueError(
+            f"trajectory {traj.task_id!r} sample {traj.sample} was played with a history window: it has no single "
+            "token sequence, only one (prompt, reply) pair per turn"
+        )
+    pieces = [(list(turn.generated_ids), list(turn.observation_ids)) for turn in traj.turns]
+    if pieces:
+        pieces[-1] = (pieces[-1][0], [])
+    return pieces
 
 
 def conversation_examples(
@@ -79,21 +96,24 @@ def conversation_examples(
     tools: list[dict[str, Any]] | None,
     tokenizer: PreTrainedTokenizerBase,
     window: int | None = None,
+    replies: Sequence[int] | None = None,
 ) -> list[SFTExample]:
     """The SFT examples of a conversation (Message objects or OpenAI/HF chat dicts), rendered with the chat template.
 
-    Each assistant message becomes the ids a model would generate for it (the template's rendering of its content
-    and tool calls, then the end-of-turn token); the rest is prompt and observation deltas. Messages after the last
-    assistant message are left out. No assistant message: no example.
+    `replies` are the positions of the assistant messages that carry loss (a trajectory's `reply_indices()`);
+    None = every assistant message (a conversational record cannot tell an env's own turns apart). Each reply
+    becomes the ids a model would generate for it (the template's rendering of its content and tool calls, then
+    the end-of-turn token); the rest is prompt and observation deltas. Messages after the last reply are left
+    out. No reply: no example.
     """
-    starts = [i for i, m in enumerate(messages) if role_of(m) == "assistant"]
+    starts = list(replies) if replies is not None else [i for i, m in enumerate(messages) if role_of(m) == "assistant"]
     if not starts:
         return []
     if starts[0] == 0:
         raise ValueError("a conversation must start with a system or user message before the first assistant reply")
     renderer = ChatTemplateRenderer(tokenizer, window)
     if window is not None:
-        prompts = _windowed_prompts(messages, tools, renderer)
+        prompts = _windowed_prompts(messages, tools, renderer, starts)
         return [
             assistant_mask(prompt, [(renderer.completion_ids(messages[: i + 1], tools), [])])
             for prompt, i in zip(prompts, starts, strict=True)
@@ -110,11 +130,10 @@ def conversation_examples(
 
 
 def _windowed_prompts(
-    messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None, renderer: ChatTemplateRenderer
+    messages: Sequence[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    renderer: ChatTemplateRenderer,
+    replies: Sequence[int],
 ) -> list[list[int]]:
-    """The windowed prompt before each assistant message, as a rollout with `renderer.window` renders it."""
-    return [
-        renderer.prompt_ids(window_messages(messages[:i], renderer.window), tools)
-        for i, m in enumerate(messages)
-        if role_of(m) == "assistant"
-    ]
+    """The windowed prompt before each reply (positions `replies`), as a rollout with `renderer.window` renders it."""
+    return [renderer.prompt_ids(window_messages(messages[:i], renderer.window), tools) for i in replies]

@@ -45,6 +45,7 @@ import datasets
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
+from turnforge.data.sft import assistant_mask, episode_pieces
 from turnforge.envs.base import make_env
 from turnforge.models import LoraSpec, load_model, merge_and_save, resolve_model
 from turnforge.policies.base import SamplingParams
@@ -145,27 +146,22 @@ def episode_sequence(traj: Trajectory, max_completion_length: int) -> tuple[list
     """(prompt_ids, completion_ids, env_mask, logprobs) of one token-exact episode.
 
     completion = turn 1 generated ids, turn 1 observation ids, turn 2 generated ids, ..., last generated ids
-    (the observation after the last turn is left out); env_mask is 1 exactly on generated ids. Cut to
-    `max_completion_length` tokens.
+    (the observation after the last turn is left out); env_mask is the SFT loss mask (`assistant_mask`: 1
+    exactly on generated ids). Cut to `max_completion_length` tokens.
     """
-    if any(turn.prompt_ids for turn in traj.turns):
-        raise ValueError("GRPO needs whole-episode token sequences; the episode was played with a history window")
-    completion: list[int] = []
-    env_mask: list[int] = []
+    try:
+        pieces = episode_pieces(traj)
+    except ValueError:
+        raise ValueError("GRPO needs whole-episode token sequences; the episode was played with a history window") from None
     logprobs: list[float] = []
-    for k, turn in enumerate(traj.turns):
+    for k, (turn, (_, observation)) in enumerate(zip(traj.turns, pieces, strict=True)):
         if len(turn.logprobs) != len(turn.generated_ids):
             raise ValueError(f"episode {traj.task_id}: turn {k} has {len(turn.logprobs)} logprobs for "
                              f"{len(turn.generated_ids)} ids")
-        completion += turn.generated_ids
-        env_mask += [1] * len(turn.generated_ids)
-        logprobs += turn.logprobs
-        if k < len(traj.turns) - 1:
-            completion += turn.observation_ids
-            env_mask += [0] * len(turn.observation_ids)
-            logprobs += [0.0] * len(turn.observation_ids)
+        logprobs += [*turn.logprobs, *[0.0] * len(observation)]
+    sequence = assistant_mask([], pieces)
     n = max_completion_length
-    return list(traj.prompt_ids), completion[:n], env_mask[:n], logprobs[:n]
+    return list(traj.prompt_ids), sequence.input_ids[:n], sequence.completion_mask[:n], logprobs[:n]
 
 
 # ---------------------------------------------------------------------------------------------------------------
