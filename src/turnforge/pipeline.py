@@ -39,9 +39,9 @@ from typing import Any
 from rich.console import Console
 
 from turnforge.eval.report import comparison_table, write_report
-from turnforge.recipes import Recipe, StageConfig, TrainStage, load_recipe
-from turnforge.recipes.schema import PlaysEnv
-from turnforge.stages import EVAL_DIR, RUNNERS, RunContext, stage_folder
+from turnforge.recipes import Recipe, load_recipe
+from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
+from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
 from turnforge.stages.context import STAGES_DIR
 
 CONFIG_FILE = "config.toml"
@@ -217,7 +217,7 @@ def _run_stage(plan: StagePlan, total: int, ctx: RunContext, console: Console) -
         plan.dir.mkdir(parents=True, exist_ok=True)
         _write_json(plan.dir / STAGE_FILE, {"id": stage.id, "hash": plan.hash, "inputs": plan.inputs})
         started = time.perf_counter()
-        result = RUNNERS[stage.kind](stage, plan.index, plan.dir, ctx)
+        result = stage_kind(stage.kind).run(stage, plan.index, plan.dir, ctx)
         done = {
             "id": stage.id,
             "kind": stage.kind,

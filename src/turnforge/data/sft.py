@@ -15,12 +15,14 @@ reply and the end-of-turn token that closes it), 0 on the prompt and on every ob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from turnforge.data.sources import read_records
 from turnforge.models.chat import ChatMessage, ChatTemplateRenderer, role_of, window_messages
-from turnforge.types import Trajectory
+from turnforge.types import TRAJECTORY_KEYS, Trajectory
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -137,3 +139,75 @@ def _windowed_prompts(
 ) -> list[list[int]]:
     """The windowed prompt before each reply (positions `replies`), as a rollout with `renderer.window` renders it."""
     return [renderer.prompt_ids(window_messages(messages[:i], renderer.window), tools) for i in replies]
+
+
+@dataclass
+class DataCounts:
+    """What happened to the input on its way to the trainer (logged, and returned by `run_sft`)."""
+
+    records: int = 0
+    """Trajectory lines / conversational records read."""
+    skipped_no_assistant: int = 0
+    """Records with no assistant token to learn from."""
+    truncated: int = 0
+    """Examples cut to `max_length` that kept at least one assistant token."""
+    skipped_too_long: int = 0
+    """Examples whose assistant tokens all lay past `max_length`."""
+    tokens: int = 0
+    """Tokens in the examples kept (each example counted once)."""
+    by_source: dict[str, int] = field(default_factory=dict)
+    """Examples taken from each data source."""
+
+
+def record_examples(
+    where: str, record: dict[str, Any], tokenizer: PreTrainedTokenizerBase, window: int | None
+) -> list[SFTExample]:
+    """The examples of one record: a Trajectory JSON line or a conversational record (`messages`, `tools`).
+
+    No assistant turn: no example. A record that cannot be read is an error naming `where`.
+    """
+    try:
+        if record.keys() >= TRAJECTORY_KEYS:
+            return trajectory_examples(Trajectory.from_dict(record), tokenizer, window=window)
+        if "messages" in record:
+            messages = [_drop_nulls(m) for m in record["messages"] or []]
+            tools = record.get("tools")
+            if isinstance(tools, str):  # datasets on the Hub often store the tool schemas as one JSON string
+                tools = json.loads(tools) if tools.strip() else None
+            return conversation_examples(messages, tools or None, tokenizer, window=window)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: cannot read this record ({type(e).__name__}: {e})") from e
+    raise ValueError(
+        f"{where}: neither a trajectory (keys {sorted(TRAJECTORY_KEYS)}) nor a conversational record "
+        f"('messages'); its keys are {sorted(record)}"
+    )
+
+
+def _drop_nulls(message: dict[str, Any]) -> dict[str, Any]:
+    # Arrow gives every message every key of the column (None where absent); chat templates test presence.
+    return {k: v for k, v in message.items() if v is not None}
+
+
+def fit_to_length(example: SFTExample, max_length: int) -> SFTExample | None:
+    """Cut `example` to its first `max_length` tokens (TRL's `keep_start`); None when no assistant token is left."""
+    if len(example.input_ids) <= max_length:
+        return example
+    cut = SFTExample(
+        input_ids=example.input_ids[:max_length], completion_mask=example.completion_mask[:max_length]
+    )
+    return cut if any(cut.completion_mask) else None
+
+
+def source_examples(
+    data: list[str], tokenizer: PreTrainedTokenizerBase, window: int | None, counts: DataCounts
+) -> Iterator[tuple[str, SFTExample]]:
+    """Yield `(source, example)` for every example with an assistant token; count records and skips in `counts`."""
+    for source in data:
+        counts.by_source.setdefault(source, 0)
+        for where, record in read_records(source, "sft data"):
+            counts.records += 1
+            examples = [
+                e for e in record_examples(where, record, tokenizer, window) if any(e.completion_mask)
+            ]
+            counts.skipped_no_assistant += not examples
+            yield from ((source, example) for example in examples)
