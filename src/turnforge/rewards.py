@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from turnforge.types import Message, Trajectory
+from turnforge.types import Message, Score, StopReason, Trajectory, Turn
 
 
 def outcome_reward(traj: Trajectory, signed: bool = False) -> float:
@@ -226,8 +226,6 @@ def _example(
     answers: list[str] | None = None,
 ) -> Trajectory:
     """A small trajectory for the docstring examples."""
-    from turnforge.types import Message, Score, StopReason, Turn
-
     replies = replies or ["act"] * len(parse_ok or [True])
     answers = answers or ["ok"] * len(replies)
     oks = parse_ok or [True] * len(replies)

@@ -14,14 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from turnforge.stages.config import StageConfig
+from turnforge.stages.context import RunContext
 
-if TYPE_CHECKING:
-    from turnforge.stages.context import RunContext
-
-StageRunner = Callable[[Any, int, Path, "RunContext"], dict[str, Any]]
+StageRunner = Callable[[Any, int, Path, RunContext], dict[str, Any]]
 """`run(stage, index, stage_dir, ctx) -> result`: the result (JSON) is stored in the stage's done.json; paths
 in it are relative to the run directory."""
 
