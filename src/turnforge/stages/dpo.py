@@ -19,7 +19,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from turnforge.data.dpo_pairs import MiningCounts, MiningSettings, Pair, load_pairs, mine_dpo_pairs, reason_counts, save_pairs
+from turnforge.data.dpo_pairs import (
+    MiningCounts,
+    MiningSettings,
+    Pair,
+    load_pairs,
+    mine_dpo_pairs,
+    reason_counts,
+    save_pairs,
+)
 from turnforge.data.sources import holds_trajectories
 from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
@@ -63,7 +71,9 @@ DPOStageConfig = with_settings_fields("DPOStageConfig", _DPOStage, DPOSettings)
 
 
 def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.dpo import run_dpo  # torch and TRL (seconds to import) load when a training stage runs
+    from turnforge.train.dpo import (
+        run_dpo,  # torch and TRL (seconds to import) load when a training stage runs
+    )
 
     start = ctx.model(ctx.recipe.model_source(index))
     counts = MiningCounts()

@@ -92,7 +92,9 @@ def select_tasks(
 
 
 def run_grpo_stage(stage: _GRPOStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.grpo import run_grpo  # torch and TRL (seconds to import) load when a training stage runs
+    from turnforge.train.grpo import (
+        run_grpo,  # torch and TRL (seconds to import) load when a training stage runs
+    )
 
     start = ctx.model(ctx.recipe.model_source(index))
     env, options = ctx.recipe.stage_env(stage)

@@ -66,7 +66,9 @@ class RFTStageConfig(RolloutStage, TrainStage):
 
 
 def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.sft import run_sft  # torch and TRL (seconds to import) load when a training stage runs
+    from turnforge.train.sft import (
+        run_sft,  # torch and TRL (seconds to import) load when a training stage runs
+    )
 
     start = ctx.model(ctx.recipe.model_source(index))
     if start.adapter is not None:

@@ -50,7 +50,9 @@ SFTStageConfig = with_settings_fields("SFTStageConfig", _SFTStage, SFTSettings)
 
 
 def run_sft_stage(stage: _SFTStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.sft import run_sft  # torch and TRL (seconds to import) load when a training stage runs
+    from turnforge.train.sft import (
+        run_sft,  # torch and TRL (seconds to import) load when a training stage runs
+    )
 
     start = ctx.model(ctx.recipe.model_source(index))
     if start.adapter is not None:

@@ -51,7 +51,15 @@ from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.rewards import COMPONENTS, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.train.runtime import METRICS_FILE, MODEL_DIR, MetricsFileCallback, resume_point, save_trained, training_dtype, trl_config
+from turnforge.train.runtime import (
+    METRICS_FILE,
+    MODEL_DIR,
+    MetricsFileCallback,
+    resume_point,
+    save_trained,
+    training_dtype,
+    trl_config,
+)
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
 from turnforge.types import Task, Trajectory
 

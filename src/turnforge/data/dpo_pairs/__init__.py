@@ -19,8 +19,22 @@ Reasons (`REASONS`, most specific first) and how each is judged: `judging.py`.
 
 from __future__ import annotations
 
-from turnforge.data.dpo_pairs.files import PAIR_KEYS, Pair, load_pairs, pair_from_record, pairs_dataset, save_pairs
-from turnforge.data.dpo_pairs.judging import REASONS, Judged, MiningSettings, claims_success, is_loop, judge_reply
+from turnforge.data.dpo_pairs.files import (
+    PAIR_KEYS,
+    Pair,
+    load_pairs,
+    pair_from_record,
+    pairs_dataset,
+    save_pairs,
+)
+from turnforge.data.dpo_pairs.judging import (
+    REASONS,
+    Judged,
+    MiningSettings,
+    claims_success,
+    is_loop,
+    judge_reply,
+)
 from turnforge.data.dpo_pairs.mining import MiningCounts, mine_dpo_pairs, reason_counts, replay_trajectory
 
 __all__ = [
