@@ -133,3 +133,13 @@ def test_cli_eval_bad_input_is_one_clear_line(tmp_path, extra, message):
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_replaying_a_dbbench_run_reproduces_its_score(tmp_path):
+    """Issue 11: DBBench's prompt holds an assistant turn of the env's own (the few-shot "Ok."); a replay of the
+    run's episodes.jsonl takes the policy's replies only (`Trajectory.reply_indices()`), so it scores as the run did."""
+    original = run_eval("sql", {"generate": 12}, "expert", "train", 6, 1, 0, tmp_path / "original")
+    saved = tmp_path / "original" / "episodes.jsonl"
+    replayed = run_eval("sql", {"generate": 12}, f"replay:{saved}", "train", None, 1, 0, tmp_path / "replayed")
+    assert original["success"] == 1.0
+    assert replayed["success"] == original["success"] and replayed["n_episodes"] == 6

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from peft import PeftModel
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-from turnforge.models import LoraSpec, build_tiny_model, load_model, merge_and_save, resolve_model
+from turnforge.models import LoraSpec, load_model, merge_and_save
 from turnforge.models.chat import trl_chat_template
-from turnforge.models.tiny import QWEN3_ADDED_TOKENS, SIZES, tiny_config
+from turnforge.models.tiny import QWEN3_ADDED_TOKENS, SIZES, build_tiny_model, resolve_model, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_resolve_model_builds_tiny_once(tmp_path, monkeypatch):
         (out_dir / "config.json").write_text("{}")
         return out_dir
 
-    monkeypatch.setattr("turnforge.models.loading.build_tiny_model", fake_build)
+    monkeypatch.setattr("turnforge.models.tiny.build_tiny_model", fake_build)
     assert resolve_model("Qwen/Qwen3-4B-Instruct-2507", tmp_path) == "Qwen/Qwen3-4B-Instruct-2507"
     assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")
     assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")

@@ -260,3 +260,30 @@ def test_the_packaged_recipes_parse():
         0.0,
     )
     assert alf.stages[1].max_length == 2048 and alf.stages[0].tasks == 3000 and alf.stages[3].tasks == 200
+
+
+def test_a_trl_table_passes_trls_own_fields_through(tmp_path):
+    pytest.importorskip("trl")
+    from turnforge.train.sft import sft_config
+
+    text = SCRIPTED + '\n[[stages]]\nkind = "sft"\ndata = ["collect"]\ntrl = { max_grad_norm = 0.5, optim = "adamw_torch" }\n'
+    settings = load_recipe(_write(tmp_path, text)).stages[3].settings()
+    assert settings.trl == {"max_grad_norm": 0.5, "optim": "adamw_torch"}
+    config = sft_config(tmp_path / "out", settings)
+    assert config.max_grad_norm == 0.5 and config.optim == "adamw_torch" and config.completion_only_loss
+
+
+def test_a_trl_table_names_unknown_and_already_set_fields_with_the_other_errors(tmp_path):
+    pytest.importorskip("trl")
+    text = SCRIPTED.replace("samples = 2", "sampels = 2")
+    text += '\n[[stages]]\nkind = "sft"\ndata = ["collect"]\ntrl = { max_grad_nrom = 0.5, learning_rate = 1.0 }\n'
+    text += '\n[[stages]]\nkind = "grpo"\ntrl = { bogus = 1 }\n'
+    path = _write(tmp_path, text)
+    message = _error(path)
+    lines = message.splitlines()[1:]
+    assert len(lines) == 3, lines
+    assert f"{path}:{_line(text, 'sampels')}: stages.eval-random.sampels: unknown key" in message
+    sft_line = _line(text, "max_grad_nrom")
+    assert f"{path}:{sft_line}: stages.sft.trl: unknown field(s) of TRL's SFTConfig" in message
+    assert "max_grad_nrom" in lines[1] and "learning_rate set by this stage's own settings" in lines[1]
+    assert f"{path}:{_line(text, 'bogus')}: stages.grpo.trl: unknown field(s) of TRL's GRPOConfig" in message

@@ -145,3 +145,27 @@ max_new_tokens = 4
     rft = summary["stages"]["rft"]["result"]
     assert rft["steps"] == 0 and rft["yield"]["kept"] == 0 and rft["yield"]["sampled"] == 4
     assert rft["model"] == str(tiny_model_dir) and summary["eval"]["eval"]["n_episodes"] == 1
+
+
+def test_grpo_and_envtune_inputs_include_the_env(tmp_path):
+    """Issue 11: a finished grpo/envtune stage trained under other env options (hints) is not reused."""
+    from turnforge.pipeline import plan_stages
+
+    before = _load(recipe_text("tiny"), tmp_path)
+    after = _load(recipe_text("tiny").replace("max_steps = 3", "max_steps = 3\nhints = true"), tmp_path)
+    for stage_id in ("grpo", "envtune"):
+        plan = {p.stage.id: p for p in plan_stages(before, tmp_path / "run")}[stage_id]
+        changed = {p.stage.id: p for p in plan_stages(after, tmp_path / "run")}[stage_id]
+        assert plan.inputs["env"] == {"name": "household", "options": {"max_steps": 3, "format": "act_line"}}
+        assert changed.inputs["env"]["options"]["hints"] is True and changed.hash != plan.hash
+
+
+def test_grpo_and_envtune_split_and_env_options_are_checked(tmp_path):
+    """Issue 11: an unknown split or env option of a grpo/envtune stage fails `--check`, as an eval stage's does."""
+    text = recipe_text("tiny").replace("kind = \"grpo\"\nsteps = 2", "kind = \"grpo\"\nsteps = 2\nsplit = \"no_such_split\"")
+    text = text.replace("kind = \"envtune\"", "kind = \"envtune\"\nenv = { no_such_option = 1 }")
+    with pytest.raises(RecipeError) as info:
+        _load(text, tmp_path)
+    message = str(info.value)
+    assert "stages.grpo.split: env 'household' has no split 'no_such_split'" in message
+    assert "stages.envtune.env: env 'household' has no option 'no_such_option'" in message

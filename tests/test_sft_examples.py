@@ -137,3 +137,17 @@ def test_conversation_with_structured_tool_calls(tokenizer):
     assert conversation_examples(messages[:2], tools, tokenizer) == []
     with pytest.raises(ValueError, match="must start with a system or user message"):
         conversation_examples(messages[2:], tools, tokenizer)
+
+
+def test_an_envs_own_prompt_assistant_turns_carry_no_loss(tokenizer):
+    """Issue 11: DBBench's prompt holds the env's few-shot assistant "Ok."; it is prompt, not a reply. Scripted
+    (rendered) and token-exact trajectories get the same example: loss on the policy's replies only."""
+    tasks = load_tasks("sql", "train", generate=6)
+    scripted = run_episodes(ExpertPolicy(), lambda: make_env("sql", generate=6), tasks, 1)
+    exact = run_episodes(ExpertTokenPolicy(tokenizer), lambda: make_env("sql", generate=6), tasks, 1)
+    for traj, traj_exact in zip(scripted, exact, strict=True):
+        assert [m.content for m in traj.messages[:3] if m.role == "assistant"] == ["Ok."]
+        [example] = trajectory_examples(traj, tokenizer)
+        assert masked_spans(tokenizer, example) == [turn.text + "<|im_end|>" for turn in traj.turns]
+        [example_exact] = trajectory_examples(traj_exact, tokenizer)
+        assert example_exact == example

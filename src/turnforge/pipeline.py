@@ -39,8 +39,9 @@ from typing import Any
 from rich.console import Console
 
 from turnforge.eval.report import comparison_table, write_report
-from turnforge.recipes import Recipe, StageConfig, TrainStage, load_recipe
-from turnforge.stages import EVAL_DIR, RUNNERS, RunContext, stage_folder
+from turnforge.recipes import Recipe, load_recipe
+from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
+from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
 from turnforge.stages.context import STAGES_DIR
 
 CONFIG_FILE = "config.toml"
@@ -121,7 +122,7 @@ def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str
     """What a stage's results depend on: its config, the env (rollouts), the model and data it reads."""
     stage = recipe.stages[index]
     inputs: dict[str, Any] = {"stage": stage.model_dump(mode="json", exclude=set(stage.NOT_IN_HASH))}
-    if stage.ROLLS_OUT:
+    if isinstance(stage, PlaysEnv):
         name, options = recipe.stage_env(stage)
         inputs["env"] = {"name": name, "options": options}
     reads = [s for s in recipe.data_sources(index) if s in hashes]
@@ -216,7 +217,7 @@ def _run_stage(plan: StagePlan, total: int, ctx: RunContext, console: Console) -
         plan.dir.mkdir(parents=True, exist_ok=True)
         _write_json(plan.dir / STAGE_FILE, {"id": stage.id, "hash": plan.hash, "inputs": plan.inputs})
         started = time.perf_counter()
-        result = RUNNERS[stage.kind](stage, plan.index, plan.dir, ctx)
+        result = stage_kind(stage.kind).run(stage, plan.index, plan.dir, ctx)
         done = {
             "id": stage.id,
             "kind": stage.kind,

@@ -9,14 +9,17 @@ as its own reward function, so TRL logs `rewards/<name>/mean` for each and sums 
     tool_call          TCR: a small bonus for a failed episode that still made a well-formed action
     overlong           DAPO's soft overlong punishment over the generated tokens, with a buffer
     format             minus the fraction of replies the env's format could not parse
-    loop               minus the fraction of replies that repeat an earlier reply and get the same answer
+    loop               minus the fraction of replies that repeat (`repeats`: the one definition of a loop,
+                       shared with DPO mining's `loop` reason; `reply_key` also dedupes RFT's episodes)
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from turnforge.types import Trajectory
+from turnforge.types import Message, Score, StopReason, Trajectory, Turn
 
 
 def outcome_reward(traj: Trajectory, signed: bool = False) -> float:
@@ -87,38 +90,74 @@ def format_penalty(traj: Trajectory) -> float:
     return -sum(not t.parse_ok for t in traj.turns) / len(traj.turns)
 
 
-def loop_penalty(traj: Trajectory) -> float:
-    """Minus the fraction of replies that repeat an earlier reply (same text, whitespace aside) and get the
-    same observation back: an action repeated without any change the agent could see.
+def reply_key(message: Message) -> str:
+    """What a reply does, for telling repeats apart: its text with whitespace normalised, and its tool calls
+    (name and arguments, without their ids).
 
-    >>> loop_penalty(_example(replies=["go to a", "look", "look", "go to a"], answers=["x", "y", "y", "z"]))
-    -0.25
+    >>> reply_key(Message("assistant", " go to  a ")) == reply_key(Message("assistant", "go to a"))
+    True
     """
-    steps = reply_observation_pairs(traj)
-    if not steps:
-        return 0.0
-    seen: set[tuple[str, str]] = set()
-    loops = 0
-    for step in steps:
-        loops += step in seen
-        seen.add(step)
-    return -loops / len(steps)
+    calls = [[c.name, c.arguments] for c in message.tool_calls or []]
+    return json.dumps([" ".join(message.content.split()), calls], sort_keys=True)
 
 
-def reply_observation_pairs(traj: Trajectory) -> list[tuple[str, str]]:
-    """(assistant reply, the env's answer to it) per turn, whitespace-normalised, from the conversation."""
-    pairs: list[tuple[str, str]] = []
-    for i in traj.reply_indices():
-        message = traj.messages[i]
+@dataclass(frozen=True)
+class Step:
+    """One reply as loop detection sees it: what it did (`reply_key`; None for a reply that did not parse),
+    the env's answer (whitespace normalised), and whether progress rose with it."""
+
+    reply: str | None
+    observation: str
+    progressed: bool = False
+
+
+def repeats(step: Step, past: Sequence[Step]) -> bool:
+    """Whether `step` repeats, with no progress: its reply is the previous reply, or the reply of an earlier
+    step since progress last rose that got the same answer. The one definition of "this reply repeats".
+
+    >>> look, go = Step("look", "room"), Step("go", "desk")
+    >>> repeats(look, [look, go]), repeats(Step("look", "other"), [look, go]), repeats(Step("go", "x"), [look, go])
+    (True, False, True)
+    >>> repeats(Step("look", "room"), [look, Step("go", "desk", progressed=True)])   # progress rose since
+    False
+    """
+    if step.progressed or step.reply is None or not past:
+        return False
+    if past[-1].reply == step.reply:
+        return True
+    for earlier in reversed(past):
+        if earlier.progressed:
+            break  # progress rose at that step: repeating what came before it is no loop
+        if earlier.reply == step.reply and earlier.observation == step.observation:
+            return True
+    return False
+
+
+def episode_steps(traj: Trajectory) -> list[Step]:
+    """The `Step` of every reply of an episode, from its conversation and its turns' progress."""
+    steps, before = [], 0.0
+    for turn, i in zip(traj.turns, traj.reply_indices(), strict=False):
         answer = []
         for later in traj.messages[i + 1 :]:
             if later.role == "assistant":
                 break
             answer.append(later.content)
-        reply = " ".join(message.content.split())
-        calls = [(c.name, sorted(c.arguments.items(), key=str)) for c in message.tool_calls or []]
-        pairs.append((reply + (repr(calls) if calls else ""), " ".join(" ".join(answer).split())))
-    return pairs
+        steps.append(Step(reply_key(traj.messages[i]), " ".join(" ".join(answer).split()), turn.progress > before))
+        before = turn.progress
+    return steps
+
+
+def loop_penalty(traj: Trajectory) -> float:
+    """Minus the fraction of replies that repeat (`repeats`): an action repeated without any change the agent
+    could see.
+
+    >>> loop_penalty(_example(replies=["go to a", "look", "look", "go to a"], answers=["x", "y", "y", "z"]))
+    -0.25
+    """
+    steps = episode_steps(traj)
+    if not steps:
+        return 0.0
+    return -sum(repeats(step, steps[:k]) for k, step in enumerate(steps)) / len(steps)
 
 
 @dataclass
@@ -187,8 +226,6 @@ def _example(
     answers: list[str] | None = None,
 ) -> Trajectory:
     """A small trajectory for the docstring examples."""
-    from turnforge.types import Message, Score, StopReason, Turn
-
     replies = replies or ["act"] * len(parse_ok or [True])
     answers = answers or ["ok"] * len(replies)
     oks = parse_ok or [True] * len(replies)

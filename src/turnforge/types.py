@@ -1,6 +1,8 @@
 """Core types shared by every part of turnforge: messages, tasks, steps, trajectories, scores.
 
-Plain dataclasses with an exact JSON round trip (`Trajectory.from_json(t.to_json()) == t`).
+Plain dataclasses with an exact JSON round trip (`Trajectory.from_json(t.to_json()) == t`), and the one reader
+of JSON-lines files of them (`json_records`, `read_trajectories`): eval episodes, collect stages' trajectories,
+replay files and SFT data are all read by it, so a bad line is reported the same way everywhere (FILE:LINE).
 `Message.to_dict()` gives the OpenAI / Hugging Face chat shape, so
 `tokenizer.apply_chat_template([m.to_dict() for m in messages], tools=...)` accepts it unchanged.
 """
@@ -9,8 +11,13 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+TRAJECTORY_KEYS = frozenset({"task_id", "turns", "score", "stop_reason"})
+"""The keys that mark a JSON record as a Trajectory (`Trajectory.to_dict`); a conversational record has `messages`."""
 
 
 @dataclass
@@ -196,3 +203,34 @@ class Trajectory:
     @classmethod
     def from_json(cls, line: str) -> Trajectory:
         return cls.from_dict(json.loads(line))
+
+
+def json_records(path: str | Path, expected: str = "one JSON object a line") -> Iterator[tuple[str, dict[str, Any]]]:
+    """(`FILE:LINE`, record) for every non-blank line of a JSON-lines file, in order.
+
+    A line that is not a JSON object is an error naming its file and line and what the file should hold
+    (`expected`).
+    """
+    with Path(path).open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg}); expected {expected}") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object ({expected}), got {type(record).__name__}")
+            yield where, record
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """Every Trajectory of a JSON-lines file (episodes.jsonl, trajectories.jsonl); a bad line names its place."""
+    out = []
+    for where, record in json_records(path, "one Trajectory JSON line a line"):
+        try:
+            out.append(Trajectory.from_dict(record))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: not a trajectory ({type(e).__name__}: {e}); fix or delete the line") from None
+    return out

@@ -4,7 +4,8 @@
     report["yield"]                      # kept / sampled, overall
     report["by_category"]["pick_and_place"]   # {"sampled", "succeeded", "kept", "yield"}
 
-Two episodes are duplicates when the assistant wrote the same replies (whitespace aside): keeping both
+Two episodes are duplicates when the policy wrote the same replies (`turnforge.rewards.reply_key`: whitespace
+aside, tool calls compared): keeping both
 would only weight that path twice. Among a task's kept episodes the shortest come first (fewer turns, then
 fewer generated tokens), as in rejection-sampling fine-tuning where the most efficient success is preferred.
 """
@@ -14,12 +15,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Literal
 
+from turnforge.rewards import reply_key
 from turnforge.types import Trajectory
 
 
 def replies_key(traj: Trajectory) -> tuple[str, ...]:
-    """The assistant's replies, whitespace-normalised: equal keys = the same episode for training."""
-    return tuple(" ".join(traj.messages[i].content.split()) for i in traj.reply_indices())
+    """The policy's replies as `reply_key`s (text whitespace-normalised, tool calls): equal = the same episode."""
+    return tuple(reply_key(traj.messages[i]) for i in traj.reply_indices())
 
 
 def select_rft(

@@ -15,12 +15,14 @@ reply and the end-of-turn token that closes it), 0 on the prompt and on every ob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from turnforge.data.sources import read_records
 from turnforge.models.chat import ChatMessage, ChatTemplateRenderer, role_of, window_messages
-from turnforge.types import Trajectory
+from turnforge.types import TRAJECTORY_KEYS, Trajectory
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -53,25 +55,42 @@ def trajectory_examples(
     """The SFT examples of one trajectory: one sequence, or one per assistant turn with a `window`.
 
     Token-exact ids are used when the trajectory has them (a rollout with a windowed renderer recorded its
-    per-turn prompts and always gives one example per turn); otherwise the messages are rendered.
+    per-turn prompts and always gives one example per turn); otherwise the messages are rendered. Either way
+    the replies are the policy's (`Trajectory.reply_indices()`): an env's own assistant turns in its first
+    messages (DBBench's few-shot "Ok.") are prompt.
     """
     if not traj.prompt_ids:
-        return conversation_examples(traj.messages, traj.tools, tokenizer, window)
+        return conversation_examples(traj.messages, traj.tools, tokenizer, window, replies=traj.reply_indices())
     if any(turn.prompt_ids for turn in traj.turns):  # rolled out with a window: each turn has its own prompt
         return [assistant_mask(turn.prompt_ids, [(turn.generated_ids, [])]) for turn in traj.turns]
     if window is not None:
         renderer = ChatTemplateRenderer(tokenizer, window)
-        prompts = _windowed_prompts(traj.messages, traj.tools, renderer)
-        if len(prompts) != len(traj.turns):
-            raise ValueError(
-                f"trajectory {traj.task_id!r} sample {traj.sample}: {len(traj.turns)} turns but "
-                f"{len(prompts)} assistant messages; cannot pair the generated ids with their prompts"
-            )
+        prompts = _windowed_prompts(traj.messages, traj.tools, renderer, traj.reply_indices())
         return [assistant_mask(p, [(turn.generated_ids, [])]) for p, turn in zip(prompts, traj.turns, strict=True)]
-    pieces = [(turn.generated_ids, turn.observation_ids) for turn in traj.turns]
-    if pieces:  # nothing after the last reply carries loss: the trailing observation is left out
-        pieces[-1] = (pieces[-1][0], [])
+    pieces = episode_pieces(traj)
     return [assistant_mask(traj.prompt_ids, pieces)] if pieces else []
+
+
+def episode_pieces(traj: Trajectory) -> list[tuple[list[int], list[int]]]:
+    """(generated ids, observation ids) per turn of a token-exact episode, for `assistant_mask`.
+
+    The observation after the last reply is left out: nothing after the last reply carries loss, and the model
+    never saw it (GRPO: TRL would read "last token is not EOS" as a truncated completion).
+
+    >>> from turnforge.types import Score, StopReason, Turn
+    >>> turns = [Turn("a", generated_ids=[3, 4], observation_ids=[5]), Turn("b", generated_ids=[6], observation_ids=[7])]
+    >>> episode_pieces(Trajectory("t", "e", "c", [], turns, Score(True, 1.0, 1.0), StopReason.success))
+    [([3, 4], [5]), ([6], [])]
+    """
+    if any(turn.prompt_ids for turn in traj.turns):
+        raise ValueError(
+            f"trajectory {traj.task_id!r} sample {traj.sample} was played with a history window: it has no single "
+            "token sequence, only one (prompt, reply) pair per turn"
+        )
+    pieces = [(list(turn.generated_ids), list(turn.observation_ids)) for turn in traj.turns]
+    if pieces:
+        pieces[-1] = (pieces[-1][0], [])
+    return pieces
 
 
 def conversation_examples(
@@ -79,21 +98,24 @@ def conversation_examples(
     tools: list[dict[str, Any]] | None,
     tokenizer: PreTrainedTokenizerBase,
     window: int | None = None,
+    replies: Sequence[int] | None = None,
 ) -> list[SFTExample]:
     """The SFT examples of a conversation (Message objects or OpenAI/HF chat dicts), rendered with the chat template.
 
-    Each assistant message becomes the ids a model would generate for it (the template's rendering of its content
-    and tool calls, then the end-of-turn token); the rest is prompt and observation deltas. Messages after the last
-    assistant message are left out. No assistant message: no example.
+    `replies` are the positions of the assistant messages that carry loss (a trajectory's `reply_indices()`);
+    None = every assistant message (a conversational record cannot tell an env's own turns apart). Each reply
+    becomes the ids a model would generate for it (the template's rendering of its content and tool calls, then
+    the end-of-turn token); the rest is prompt and observation deltas. Messages after the last reply are left
+    out. No reply: no example.
     """
-    starts = [i for i, m in enumerate(messages) if role_of(m) == "assistant"]
+    starts = list(replies) if replies is not None else [i for i, m in enumerate(messages) if role_of(m) == "assistant"]
     if not starts:
         return []
     if starts[0] == 0:
         raise ValueError("a conversation must start with a system or user message before the first assistant reply")
     renderer = ChatTemplateRenderer(tokenizer, window)
     if window is not None:
-        prompts = _windowed_prompts(messages, tools, renderer)
+        prompts = _windowed_prompts(messages, tools, renderer, starts)
         return [
             assistant_mask(prompt, [(renderer.completion_ids(messages[: i + 1], tools), [])])
             for prompt, i in zip(prompts, starts, strict=True)
@@ -110,11 +132,82 @@ def conversation_examples(
 
 
 def _windowed_prompts(
-    messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None, renderer: ChatTemplateRenderer
+    messages: Sequence[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    renderer: ChatTemplateRenderer,
+    replies: Sequence[int],
 ) -> list[list[int]]:
-    """The windowed prompt before each assistant message, as a rollout with `renderer.window` renders it."""
-    return [
-        renderer.prompt_ids(window_messages(messages[:i], renderer.window), tools)
-        for i, m in enumerate(messages)
-        if role_of(m) == "assistant"
-    ]
+    """The windowed prompt before each reply (positions `replies`), as a rollout with `renderer.window` renders it."""
+    return [renderer.prompt_ids(window_messages(messages[:i], renderer.window), tools) for i in replies]
+
+
+@dataclass
+class DataCounts:
+    """What happened to the input on its way to the trainer (logged, and returned by `run_sft`)."""
+
+    records: int = 0
+    """Trajectory lines / conversational records read."""
+    skipped_no_assistant: int = 0
+    """Records with no assistant token to learn from."""
+    truncated: int = 0
+    """Examples cut to `max_length` that kept at least one assistant token."""
+    skipped_too_long: int = 0
+    """Examples whose assistant tokens all lay past `max_length`."""
+    tokens: int = 0
+    """Tokens in the examples kept (each example counted once)."""
+    by_source: dict[str, int] = field(default_factory=dict)
+    """Examples taken from each data source."""
+
+
+def record_examples(
+    where: str, record: dict[str, Any], tokenizer: PreTrainedTokenizerBase, window: int | None
+) -> list[SFTExample]:
+    """The examples of one record: a Trajectory JSON line or a conversational record (`messages`, `tools`).
+
+    No assistant turn: no example. A record that cannot be read is an error naming `where`.
+    """
+    try:
+        if record.keys() >= TRAJECTORY_KEYS:
+            return trajectory_examples(Trajectory.from_dict(record), tokenizer, window=window)
+        if "messages" in record:
+            messages = [_drop_nulls(m) for m in record["messages"] or []]
+            tools = record.get("tools")
+            if isinstance(tools, str):  # datasets on the Hub often store the tool schemas as one JSON string
+                tools = json.loads(tools) if tools.strip() else None
+            return conversation_examples(messages, tools or None, tokenizer, window=window)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: cannot read this record ({type(e).__name__}: {e})") from e
+    raise ValueError(
+        f"{where}: neither a trajectory (keys {sorted(TRAJECTORY_KEYS)}) nor a conversational record "
+        f"('messages'); its keys are {sorted(record)}"
+    )
+
+
+def _drop_nulls(message: dict[str, Any]) -> dict[str, Any]:
+    # Arrow gives every message every key of the column (None where absent); chat templates test presence.
+    return {k: v for k, v in message.items() if v is not None}
+
+
+def fit_to_length(example: SFTExample, max_length: int) -> SFTExample | None:
+    """Cut `example` to its first `max_length` tokens (TRL's `keep_start`); None when no assistant token is left."""
+    if len(example.input_ids) <= max_length:
+        return example
+    cut = SFTExample(
+        input_ids=example.input_ids[:max_length], completion_mask=example.completion_mask[:max_length]
+    )
+    return cut if any(cut.completion_mask) else None
+
+
+def source_examples(
+    data: list[str], tokenizer: PreTrainedTokenizerBase, window: int | None, counts: DataCounts
+) -> Iterator[tuple[str, SFTExample]]:
+    """Yield `(source, example)` for every example with an assistant token; count records and skips in `counts`."""
+    for source in data:
+        counts.by_source.setdefault(source, 0)
+        for where, record in read_records(source, "sft data"):
+            counts.records += 1
+            examples = [
+                e for e in record_examples(where, record, tokenizer, window) if any(e.completion_mask)
+            ]
+            counts.skipped_no_assistant += not examples
+            yield from ((source, example) for example in examples)

@@ -25,7 +25,7 @@ from turnforge.policies import make_policy
 from turnforge.policies.base import Policy, SamplingParams
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.types import Task, Trajectory
+from turnforge.types import Task, Trajectory, read_trajectories
 
 RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.jsonl"
@@ -148,7 +148,7 @@ def check_same_run(out: Path, identity: dict[str, Any]) -> None:
 
 
 def read_episodes(path: Path) -> list[Trajectory]:
-    """The finished episodes of a (possibly killed) run.
+    """The finished episodes of a (possibly killed) run (`read_trajectories`, the one reader).
 
     A last line without its newline is what a kill leaves: it is kept if it parses, else dropped with a
     warning, and the file is rewritten so that appends start on a fresh line. Any other bad line is an error.
@@ -157,16 +157,9 @@ def read_episodes(path: Path) -> list[Trajectory]:
         return []
     text = path.read_text(encoding="utf-8")
     *lines, tail = text.split("\n")  # a complete file ends with "\n", so tail == ""
-    episodes = []
-    for lineno, line in enumerate(lines, start=1):
-        if line.strip():
-            try:
-                episodes.append(Trajectory.from_json(line))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: not a trajectory ({e}); fix or delete the line") from None
     if tail:
         try:
-            episodes.append(Trajectory.from_json(tail))
+            Trajectory.from_json(tail)
             lines.append(tail)
         except (ValueError, KeyError, TypeError):
             warnings.warn(
@@ -176,7 +169,7 @@ def read_episodes(path: Path) -> list[Trajectory]:
                 stacklevel=2,
             )
         _rewrite(path, lines)
-    return episodes
+    return read_trajectories(path)
 
 
 def append_episode(sink, traj: Trajectory) -> None:

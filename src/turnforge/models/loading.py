@@ -1,7 +1,7 @@
 """Load any Hugging Face causal LM with its tokenizer (and LoRA through PEFT); save it merged.
 
     model, tokenizer = load_model("Qwen/Qwen3-4B-Instruct-2507", lora=LoraSpec(r=16))
-    model, tokenizer = load_model(resolve_model("tiny", Path("runs/cache")))
+    model, tokenizer = load_model(resolve_model("tiny", Path("runs/cache")))   # turnforge.models.tiny
 
 The tokenizer comes back ready for batched generation: a pad token (the eos when the model has none) and
 `padding_side="left"`. A folder holding a PEFT adapter (`adapter_config.json`) may be given as the model
@@ -14,8 +14,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from turnforge.models.tiny import build_tiny_model
 
 if TYPE_CHECKING:
     import peft
@@ -168,13 +166,3 @@ def merge_and_save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, o
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
-
-
-def resolve_model(spec: str, cache_dir: Path) -> str:
-    """"tiny" -> `cache_dir/tiny`, built there first when absent; any other spec (path or Hub id) unchanged."""
-    if spec != "tiny":
-        return spec
-    path = Path(cache_dir) / "tiny"
-    if not (path / "config.json").is_file():
-        build_tiny_model(path)
-    return str(path)

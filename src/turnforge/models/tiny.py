@@ -16,6 +16,9 @@ Nothing is downloaded. `build_tiny_model(out_dir)`:
 Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-trips exactly), and a vocab of
 ~3k instead of 151k. A recipe's `model = "tiny"` builds it once under the run's cache (`resolve_model`).
 
+This module sits above the rollout engine (it plays the env's expert for its corpus), so `turnforge.models`,
+which the rollout engine's chat rendering lives in, does not import it: import it as `turnforge.models.tiny`.
+
     python -c "from turnforge.models import build_tiny_model; print(build_tiny_model('runs/tiny'))"
 """
 
@@ -30,7 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.models.chat import trl_chat_template
+from turnforge.policies.scripted import ExpertPolicy
+from turnforge.rollout import run_episodes
 
 CHAT_TEMPLATE = "qwen3_instruct_2507.jinja"
 """The TRL file whose text becomes the tiny tokenizer's chat template (Qwen3-4B-Instruct-2507's)."""
@@ -132,13 +138,19 @@ def build_tiny_model(
     return out_dir
 
 
+def resolve_model(spec: str, cache_dir: Path) -> str:
+    """"tiny" -> `cache_dir/tiny`, built there first when absent; any other spec (path or Hub id) unchanged."""
+    if spec != "tiny":
+        return spec
+    path = Path(cache_dir) / "tiny"
+    if not (path / "config.json").is_file():
+        build_tiny_model(path)
+    return str(path)
+
+
 def env_corpus(env: str, env_options: dict[str, Any]) -> Iterator[str]:
     """Rendered expert episodes (chat template text) for every grammar and format the env offers."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    from turnforge.envs.base import get_env_spec, load_tasks, make_env
-    from turnforge.policies.scripted import ExpertPolicy
-    from turnforge.rollout import run_episodes
+    from transformers.utils.chat_template_utils import render_jinja_template  # ~0.5 s: as the builders below
 
     spec = get_env_spec(env)
     template = trl_chat_template(CHAT_TEMPLATE)

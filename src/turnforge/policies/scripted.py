@@ -9,7 +9,6 @@ holds format text that `env.format.parse` reads back.
 
 from __future__ import annotations
 
-import json
 import random
 import warnings
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert
 from turnforge.policies.base import Generation, Prompt, SamplingParams
-from turnforge.types import Message
+from turnforge.types import Message, Trajectory, json_records
 
 
 def _env_of(prompt: Prompt, policy: str) -> Env:
@@ -134,18 +133,15 @@ def load_replies(path: Path) -> dict[tuple[str, int], list[str | Message]]:
     if not path.is_file():
         raise ValueError(f"replay file {path} does not exist; give --policy replay:FILE with a JSONL file")
     replies: dict[tuple[str, int], list[str | Message]] = {}
-    seen_at: dict[tuple[str, int], int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            key, texts = _parse_replay_line(line, f"{path}:{lineno}")
-            if key in seen_at:
-                raise ValueError(
-                    f"{path}:{lineno}: task {key[0]!r} sample {key[1]} already has replies (line {seen_at[key]}); "
-                    "give each (task_id, sample) one line"
-                )
-            replies[key], seen_at[key] = texts, lineno
+    seen_at: dict[tuple[str, int], str] = {}
+    for where, record in json_records(path, _EXPECTED):
+        key, texts = _replay_record(record, where)
+        if key in seen_at:
+            raise ValueError(
+                f"{where}: task {key[0]!r} sample {key[1]} already has replies ({seen_at[key]}); "
+                "give each (task_id, sample) one line"
+            )
+        replies[key], seen_at[key] = texts, where
     return replies
 
 
@@ -159,13 +155,22 @@ def _assistant_reply(message: dict) -> str | Message:
     return message.get("content") or ""
 
 
-def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str | Message]]:
-    expected = 'expected a trajectory (with "messages") or {"task_id": ..., "replies": [...]}'
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg}); {expected}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("task_id"), str):
+def _policy_replies(record: dict) -> list[dict]:
+    """The assistant messages the policy wrote: for a trajectory, `Trajectory.reply_indices()` (an env's prompt
+    may hold assistant turns of its own, e.g. DBBench's few-shot "Ok."); a bare `messages` record has no turns
+    to tell them apart, so all of its assistant messages."""
+    if "turns" in record:
+        traj = Trajectory.from_dict(record)
+        return [traj.messages[i].to_dict() for i in traj.reply_indices()]
+    return [m for m in record["messages"] if m["role"] == "assistant"]
+
+
+_EXPECTED = 'a trajectory (with "messages") or {"task_id": ..., "replies": [...]} a line'
+
+
+def _replay_record(record: dict, where: str) -> tuple[tuple[str, int], list[str | Message]]:
+    expected = f"expected {_EXPECTED}"
+    if not isinstance(record.get("task_id"), str):
         raise ValueError(f"{where}: no string task_id; {expected}")
     sample = record.get("sample", 0)
     if not isinstance(sample, int):
@@ -174,7 +179,7 @@ def _parse_replay_line(line: str, where: str) -> tuple[tuple[str, int], list[str
         texts = record["replies"]
     elif "messages" in record:
         try:
-            texts = [_assistant_reply(m) for m in record["messages"] if m["role"] == "assistant"]
+            texts = [_assistant_reply(m) for m in _policy_replies(record)]
         except (TypeError, KeyError, AttributeError, ValueError):
             raise ValueError(
                 f"{where}: messages must be a list of {{role, content}} objects (tool_calls: name + arguments)"

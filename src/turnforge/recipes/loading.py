@@ -13,95 +13,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from turnforge.recipes.schema import (
-    STAGE_KINDS,
-    EnvConfig,
-    ModelConfig,
-    RolloutStage,
-    StageConfig,
-    TrainStage,
-    lora_spec_class,
-    stage_class,
-)
-from turnforge.recipes.toml_text import Loc, dump_toml, key_line
+from turnforge.envs.base import get_env_spec
+from turnforge.models.loading import LoraSpec
+from turnforge.recipes.recipe import Recipe, find_stage
+from turnforge.recipes.schema import EnvConfig, ModelConfig
+from turnforge.recipes.toml_text import Loc, key_line
+from turnforge.stages import stage_kind, stage_kinds
+from turnforge.stages.config import PlaysEnv, RolloutStage, TrainStage
 
 TOP_LEVEL_KEYS = ("name", "description", "model", "env", "stages")
 
 
 class RecipeError(ValueError):
     """A recipe that cannot run; the message lists every problem with its file, line and key."""
-
-
-@dataclass
-class Recipe:
-    """A validated recipe. `model_source(i)` / `data_sources(i)` say which earlier stages stage i reads."""
-
-    name: str
-    description: str
-    model: ModelConfig
-    env: EnvConfig
-    stages: list[StageConfig]
-    source: Path | None = None
-
-    def env_options(self) -> dict[str, Any]:
-        """The env's options with `format` folded in, as `make_env` takes them."""
-        return {**self.env.options, **({"format": self.env.format} if self.env.format else {})}
-
-    def stage_env(self, stage: StageConfig) -> tuple[str, dict[str, Any]]:
-        """(env name, options) a stage plays: the recipe's [env] with the stage's `env` table on top; a `name`
-        there picks another env, whose options are then the stage's alone (e.g. Iron Guard's SQL collect)."""
-        over = dict(getattr(stage, "env", None) or {})
-        name = over.pop("name", self.env.name)
-        if name != self.env.name:
-            return name, over
-        return name, {**self.env_options(), **over}
-
-    def model_source(self, index: int) -> str | None:
-        """Id of the stage whose model stage `index` uses, or None for the base model ([model])."""
-        stage = self.stages[index]
-        ref = getattr(stage, "model", "base")
-        if ref == "base":
-            return None
-        earlier = [s for s in self.stages[:index] if isinstance(s, TrainStage)]
-        if ref == "latest":
-            return earlier[-1].id if earlier else None
-        return _find(ref, earlier).id
-
-    def data_sources(self, index: int) -> list[str]:
-        """Stage `index`'s data: ids of earlier collect stages, or external specs (hf:..., files) as written."""
-        stage = self.stages[index]
-        earlier = [s for s in self.stages[:index] if s.kind == "collect"]
-        return [_find(d, earlier).id if _find(d, earlier) else d for d in getattr(stage, "data", [])]
-
-    def stage(self, ref: str) -> StageConfig | None:
-        """The stage with id `ref`, else the one named `ref` (if unique), else position `ref` (from 0)."""
-        found = _find(ref, self.stages)
-        if found is None and ref.isdigit() and int(ref) < len(self.stages):
-            return self.stages[int(ref)]
-        return found
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "model": self.model.model_dump(mode="json"),
-            "env": self.env.model_dump(mode="json"),
-            "stages": [s.model_dump(mode="json") for s in self.stages],
-        }
-
-    def to_toml(self) -> str:
-        """The resolved recipe (every field written out), readable by `load_recipe` again."""
-        return dump_toml(self.to_dict())
-
-
-def _find(ref: str, stages: list[StageConfig]) -> StageConfig | None:
-    by_id = [s for s in stages if s.id == ref]
-    by_name = [s for s in stages if s.name == ref]
-    if by_id:
-        return by_id[0]
-    return by_name[0] if len(by_name) == 1 else None
 
 
 def packaged_recipes() -> dict[str, Path]:
@@ -198,12 +124,13 @@ def _validate_stages(raw_stages: Any, model_cfg: ModelConfig | None, report: _Pr
     stages = []
     for i, data in enumerate(raw_stages):
         loc: Loc = ("stages", i)
-        kind = data.get("kind") if isinstance(data, dict) else None
-        if kind not in STAGE_KINDS:
-            report.add((*loc, "kind"), f"unknown stage kind {kind!r}; kinds are {', '.join(STAGE_KINDS)}")
+        kind = stage_kind(data.get("kind")) if isinstance(data, dict) else None
+        if kind is None:
+            unknown = data.get("kind") if isinstance(data, dict) else None
+            report.add((*loc, "kind"), f"unknown stage kind {unknown!r}; kinds are {', '.join(stage_kinds())}")
             stages.append(None)
             continue
-        cls = stage_class(kind)
+        cls = kind.config
         if "lora" in cls.model_fields and "lora" not in data and model_cfg is not None and model_cfg.lora:
             data = {**data, "lora": model_cfg.lora}
         stages.append(_validate(cls, data, loc, report))
@@ -214,16 +141,12 @@ def _validate_stages(raw_stages: Any, model_cfg: ModelConfig | None, report: _Pr
 
 def _validate_lora(lora: dict[str, Any], report: _Problems) -> None:
     try:
-        from pydantic import TypeAdapter
-
-        TypeAdapter(lora_spec_class()).validate_python(lora)
+        TypeAdapter(LoraSpec).validate_python(lora)
     except ValidationError as e:
         report.add_validation(e, ("model", "lora"), None)
 
 
 def _check_env(recipe: Recipe, report: _Problems) -> None:
-    from turnforge.envs.base import get_env_spec
-
     try:
         spec = get_env_spec(recipe.env.name)
     except ValueError as e:
@@ -241,7 +164,7 @@ def _check_env(recipe: Recipe, report: _Problems) -> None:
             report.add(loc, str(e))
     recipe.env.options = {k: v for k, v in coerced.items() if not (k == "format" and recipe.env.format)}
     for i, stage in enumerate(recipe.stages):
-        if stage is None or not stage.ROLLS_OUT:
+        if not isinstance(stage, PlaysEnv):
             continue
         stage_spec = spec
         if getattr(stage, "env", None):
@@ -278,12 +201,12 @@ def _check_stages(recipe: Recipe, report: _Problems) -> None:
         earlier = [s for s in recipe.stages[:i] if s is not None]
         models = [s for s in earlier if isinstance(s, TrainStage)]
         ref = getattr(stage, "model", None)
-        if complete and ref not in (None, "base", "latest") and _find(ref, models) is None:
+        if complete and ref not in (None, "base", "latest") and find_stage(ref, models) is None:
             names = ", ".join(["base", "latest", *(s.id for s in models)])
             report.add(("stages", i, "model"), f"no earlier training stage is called {ref!r}; use one of {names}")
         collects = [s for s in earlier if s.kind == "collect"]
         for j, data in enumerate(getattr(stage, "data", [])):
-            if complete and _find(data, collects) is None and not _is_external_data(data, recipe.source):
+            if complete and find_stage(data, collects) is None and not _is_external_data(data, recipe.source):
                 names = ", ".join(s.id for s in collects) or "none"
                 report.add(
                     ("stages", i, "data", j),
@@ -364,7 +287,7 @@ def _unique_ids(stages: Any) -> dict[int, str]:
     if not isinstance(stages, list):
         return {}
     ids = [_raw_id(s) for s in stages]
-    ok = all(isinstance(s, dict) and s.get("kind") in STAGE_KINDS for s in stages) and len(set(ids)) == len(
+    ok = all(isinstance(s, dict) and s.get("kind") in stage_kinds() for s in stages) and len(set(ids)) == len(
         ids
     )
     return dict(enumerate(ids)) if ok else {}

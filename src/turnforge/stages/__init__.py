@@ -1,32 +1,39 @@
-"""Pipeline stages: one module per `[[stages]]` kind, each `run_<kind>(stage, index, stage_dir, ctx) -> result`.
+"""Pipeline stages: one module per `[[stages]]` kind, each holding its typed config and its `run()`, and
+registering both once (`turnforge.stages.registry.register_stage`).
 
-The result (JSON) is stored in the stage's done.json; paths in it are relative to the run directory.
+    collect.py  rollouts whose episodes become training data       eval.py     an evaluation (eval/<name>/)
+    sft.py      supervised fine-tuning                             dpo.py      DPO on mined round-wise pairs
+    rft.py      rejection fine-tuning (sample, keep, SFT)          grpo.py     multi-turn GRPO
+    envtune.py  Environment Tuning: GRPO through phases
+
+A new kind is one new file here ending with `register_stage(Config, run)`: every module of this package but
+the shared ones (`SHARED_MODULES`) is imported below, in name order, and registers its kind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+import importlib
+import pkgutil
 
-from turnforge.stages.collect import run_collect
 from turnforge.stages.context import ModelRef, RunContext, stage_folder
-from turnforge.stages.dpo import run_dpo_stage
-from turnforge.stages.eval import EVAL_DIR, run_eval_stage
-from turnforge.stages.grpo import run_envtune_stage, run_grpo_stage
-from turnforge.stages.rft import run_rft_stage
-from turnforge.stages.sft import run_sft_stage
+from turnforge.stages.eval import EVAL_DIR
+from turnforge.stages.registry import StageKind, StageRunner, register_stage, stage_kind, stage_kinds
 
-StageRunner = Callable[[Any, int, Path, RunContext], dict[str, Any]]
+SHARED_MODULES = frozenset({"config", "context", "registry"})
+"""Modules of this package that are no stage kind (the config bases, the run context, the registry)."""
 
-RUNNERS: dict[str, StageRunner] = {
-    "collect": run_collect,
-    "sft": run_sft_stage,
-    "eval": run_eval_stage,
-    "rft": run_rft_stage,
-    "grpo": run_grpo_stage,
-    "envtune": run_envtune_stage,
-    "dpo": run_dpo_stage,
-}
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _module not in SHARED_MODULES:
+        importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["EVAL_DIR", "RUNNERS", "ModelRef", "RunContext", "StageRunner", "stage_folder"]
+__all__ = [
+    "EVAL_DIR",
+    "ModelRef",
+    "RunContext",
+    "StageKind",
+    "StageRunner",
+    "register_stage",
+    "stage_folder",
+    "stage_kind",
+    "stage_kinds",
+]

@@ -12,14 +12,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from turnforge.eval.runner import EPISODES_FILE
-from turnforge.recipes import CollectStage
+from turnforge.stages.config import STAGE_NAME, RolloutStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts
+from turnforge.stages.registry import register_stage
 
 TRAJECTORIES_FILE = "trajectories.jsonl"
+
+
+class CollectStage(RolloutStage):
+    """`kind = "collect"`: rollouts whose episodes become training data (stages/NN-<id>/trajectories.jsonl)."""
+
+    kind: Literal["collect"] = "collect"
+    name: str = Field(default="collect", pattern=STAGE_NAME)
+    policy: Literal["expert", "random", "hf"] = "expert"
+    split: str = "train"
+    temperature: float = Field(default=1.0, ge=0.0)
 
 
 def run_collect(stage: CollectStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
@@ -33,3 +46,6 @@ def run_collect(stage: CollectStage, index: int, stage_dir: Path, ctx: RunContex
         "episodes": summary["n_episodes"],
         "success": summary["success"],
     }
+
+
+register_stage(CollectStage, run_collect)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from turnforge.recipes import Recipe
+from turnforge.models.tiny import resolve_model
+
+if TYPE_CHECKING:  # the recipe loader imports the stage kinds; a stage only calls its Recipe's methods
+    from turnforge.recipes import Recipe
 
 MODELS_DIR = "models"  # OUT/models/tiny: the offline tiny model, built on first use
 
@@ -39,8 +42,6 @@ class RunContext:
     def base_model(self) -> ModelRef:
         """[model] name, resolved once: "tiny" is built into OUT/models/tiny (no download), others pass through."""
         if self._base is None:
-            from turnforge.models import resolve_model  # imports torch: only when a stage needs a model
-
             started = time.perf_counter()
             self._base = ModelRef(resolve_model(self.recipe.model.name, self.out_dir / MODELS_DIR))
             self.base_build_s = time.perf_counter() - started

@@ -12,11 +12,12 @@ provenance), the per-reason counts in done.json, and the model trained by `turnf
 
 from __future__ import annotations
 
-import json
 import os
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
 
 from turnforge.data.dpo_pairs import (
     MiningCounts,
@@ -27,19 +28,52 @@ from turnforge.data.dpo_pairs import (
     reason_counts,
     save_pairs,
 )
+from turnforge.data.sources import holds_trajectories
 from turnforge.envs.base import get_env_spec, load_tasks, make_env
-from turnforge.recipes import DPOStageConfig
+from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
 from turnforge.stages.context import RunContext
-from turnforge.stages.sft import data_path
-from turnforge.types import Task, Trajectory
+from turnforge.stages.registry import register_stage
+from turnforge.stages.sft import data_path, trained_model
+from turnforge.train.settings import DPOSettings
+from turnforge.types import Task, Trajectory, read_trajectories
 
 PAIRS_FILE = "pairs.jsonl"
-# The keys that mark a JSON line as a Trajectory (as train/sft.py tells trajectories from conversations).
-_TRAJECTORY_KEYS = frozenset({"task_id", "turns", "score", "stop_reason"})
 
 
-def run_dpo_stage(stage: DPOStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.dpo import METRICS_FILE, MODEL_DIR, run_dpo
+class _DPOStage(TrainStage):
+    """`kind = "dpo"`: round-wise DPO on pairs mined from earlier collect stages and/or pair datasets.
+
+    The training fields are those of `turnforge.train.settings.DPOSettings`.
+    """
+
+    kind: Literal["dpo"] = "dpo"
+    name: str = Field(default="dpo", pattern=STAGE_NAME)
+    data: list[str] = Field(min_length=1)
+    """Earlier collect stages (their trajectories are mined), or pair datasets: `hf:NAME[:SPLIT]`, JSONL/parquet files
+    in the seed schema (messages, chosen, rejected, reason) or TRL's (prompt, chosen, rejected)."""
+    reasons: list[str] | None = None
+    """Keep mined pairs of these reasons only (format, task_succeeded_negative, loop, implausible_location,
+    invalid_action, verbose, or an env's own); unset = all."""
+    verbose_chars: int = Field(default=160, ge=0)
+    """A valid reply is `verbose` when longer than its concise rendering by more than this many characters."""
+
+    def settings(self) -> DPOSettings:
+        """The `DPOSettings` this stage trains with."""
+        return settings_of(self, DPOSettings)
+
+    @model_validator(mode="after")
+    def _settings_are_valid(self) -> _DPOStage:
+        self.settings()
+        return self
+
+
+DPOStageConfig = with_settings_fields("DPOStageConfig", _DPOStage, DPOSettings)
+
+
+def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+    from turnforge.train.dpo import (
+        run_dpo,  # torch and TRL (seconds to import) load when a training stage runs
+    )
 
     start = ctx.model(ctx.recipe.model_source(index))
     counts = MiningCounts()
@@ -54,7 +88,6 @@ def run_dpo_stage(stage: DPOStageConfig, index: int, stage_dir: Path, ctx: RunCo
             "makes mistakes (policy = \"hf\") or add a pair dataset to `data`"
         )
     result = run_dpo(start.path, [str(pairs_path)], stage_dir, stage.settings(), adapter=start.adapter)
-    model_dir = stage_dir / MODEL_DIR
     return {
         **result,
         "pairs_file": ctx.relative(pairs_path),
@@ -68,13 +101,11 @@ def run_dpo_stage(stage: DPOStageConfig, index: int, stage_dir: Path, ctx: RunCo
             "duplicates": counts.duplicates,
             "chosen_from": counts.chosen_from,
         },
-        "model": ctx.relative(model_dir),
-        "adapter": (model_dir / "adapter_config.json").exists(),
-        "metrics": ctx.relative(stage_dir / METRICS_FILE),
+        **trained_model(stage_dir, ctx),
     }
 
 
-def stage_pairs(stage: DPOStageConfig, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:
+def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:
     """Mined pairs of the trajectory sources, then the pairs of the pair datasets, in `data` order.
 
     A collect stage's trajectories replay in the env that stage played (its own `env` table, e.g. Iron
@@ -84,44 +115,19 @@ def stage_pairs(stage: DPOStageConfig, index: int, ctx: RunContext, counts: Mini
     imported: list[Pair] = []
     for source in ctx.recipe.data_sources(index):
         path = data_path(source, ctx)
-        if not _holds_trajectories(path):
+        if not holds_trajectories(path):
             imported += load_pairs(path)
             continue
         collect = ctx.recipe.stage(source) if any(s.id == source for s in ctx.recipe.stages) else None
         env_name, raw_options = ctx.recipe.stage_env(collect) if collect is not None else (
             ctx.recipe.env.name, ctx.recipe.env_options())
         options = get_env_spec(env_name).coerce_options(raw_options)
-        trajectories = _read_trajectories(Path(path))
+        trajectories = read_trajectories(path)
         tasks = _tasks_of(trajectories, env_name, options)
         mined += mine_dpo_pairs(trajectories, partial(make_env, env_name, **options), tasks, settings, counts)
     if stage.reasons:
         imported = [p for p in imported if p.reason in stage.reasons]
     return mined + imported
-
-
-def _holds_trajectories(path: str) -> bool:
-    """A JSONL file whose first record is a Trajectory (not a pair)."""
-    if path.startswith("hf:") or not path.endswith((".jsonl", ".json")) or not Path(path).is_file():
-        return False
-    with open(path, encoding="utf-8") as f:
-        first = next((line for line in f if line.strip()), "")
-    try:
-        record = json.loads(first)
-    except json.JSONDecodeError:
-        return False  # load_pairs reports the bad line with its place
-    return isinstance(record, dict) and record.keys() >= _TRAJECTORY_KEYS
-
-
-def _read_trajectories(path: Path) -> list[Trajectory]:
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    out.append(Trajectory.from_json(line))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise ValueError(f"{path}:{lineno}: not a trajectory ({type(e).__name__}: {e})") from e
-    return out
 
 
 def _tasks_of(trajectories: list[Trajectory], env_name: str, options: dict[str, Any]) -> dict[str, Task]:
@@ -133,3 +139,6 @@ def _tasks_of(trajectories: list[Trajectory], env_name: str, options: dict[str, 
     for split in sorted({t.split for t in trajectories}):
         tasks |= {task.id: task for task in load_tasks(env_name, split, **options)}
     return tasks
+
+
+register_stage(DPOStageConfig, run_dpo_stage)

@@ -11,14 +11,27 @@ the stage's sampling settings and history window.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from turnforge.eval.runner import SUMMARY_FILE, run_eval
-from turnforge.recipes import EvalStage, RolloutStage
 from turnforge.rollout import RolloutLimits
+from turnforge.stages.config import STAGE_NAME, RolloutStage
 from turnforge.stages.context import RunContext
+from turnforge.stages.registry import register_stage
 
 EVAL_DIR = "eval"
+
+
+class EvalStage(RolloutStage):
+    """`kind = "eval"`: an evaluation, written to eval/<name>/{episodes.jsonl,summary.json}."""
+
+    kind: Literal["eval"] = "eval"
+    name: str = Field(default="eval", pattern=STAGE_NAME)
+    policy: Literal["expert", "random", "hf"] = "hf"
+    split: str = "test"
+    temperature: float = Field(default=0.0, ge=0.0)
 
 
 def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
@@ -59,3 +72,6 @@ def run_rollouts(stage: RolloutStage, index: int, out: Path, ctx: RunContext) ->
         limits=RolloutLimits(max_turns=stage.max_turns, max_open=stage.batch_size),
         **model_options,
     )
+
+
+register_stage(EvalStage, run_eval_stage)

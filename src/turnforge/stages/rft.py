@@ -14,22 +14,61 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
 
 from turnforge.data.rft import select_rft
 from turnforge.eval.runner import EPISODES_FILE, read_episodes
+from turnforge.stages.config import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
 from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts
-from turnforge.stages.sft import data_path
+from turnforge.stages.registry import register_stage
+from turnforge.stages.sft import data_path, trained_model
+from turnforge.train.settings import SFTSettings
 
 logger = logging.getLogger(__name__)
 
 SAMPLES_DIR = "samples"
 KEPT_FILE = "kept.jsonl"
 
+SFTSettingsTable = with_settings_fields("SFTSettingsTable", Table, SFTSettings)
+"""rft's `train` table: the fields of an sft stage's training (unknown keys and bad values name the field)."""
 
-def run_rft_stage(stage: Any, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.sft import METRICS_FILE, MODEL_DIR, run_sft
+
+class RFTStageConfig(RolloutStage, TrainStage):
+    """`kind = "rft"`: rejection fine-tuning. `samples` episodes per task with the current model, keep the
+    successful ones (deduplicated, at most `max_per_task` per task), SFT on them (`train` = SFT settings)."""
+
+    kind: Literal["rft"] = "rft"
+    name: str = Field(default="rft", pattern=STAGE_NAME)
+    policy: Literal["hf"] = "hf"
+    split: str = "train"
+    samples: int = Field(default=4, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    keep: Literal["success", "best"] = "success"
+    """success: successful episodes only; best: also, for a task with no success, its best episode by progress
+    when that progress is at least `min_progress`."""
+    min_progress: float = Field(default=0.5, ge=0.0, le=1.0)
+    max_per_task: int = Field(default=2, ge=1)
+    data: list[str] = Field(default_factory=list)
+    """More training data mixed in (earlier collect stages, hf:DATASET, JSONL files), e.g. the SFT data."""
+    train: dict[str, Any] = Field(default_factory=dict)
+    """The SFT settings of the fine-tuning step (the fields of an sft stage: max_steps, learning_rate, ...)."""
+
+    def settings(self) -> SFTSettings:
+        return SFTSettings(**self.train)
+
+    @model_validator(mode="after")
+    def _train_is_valid(self) -> RFTStageConfig:
+        SFTSettingsTable.model_validate(self.train)  # unknown keys and bad values name the field
+        return self
+
+
+def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+    from turnforge.train.sft import (
+        run_sft,  # torch and TRL (seconds to import) load when a training stage runs
+    )
 
     start = ctx.model(ctx.recipe.model_source(index))
     if start.adapter is not None:
@@ -49,12 +88,12 @@ def run_rft_stage(stage: Any, index: int, stage_dir: Path, ctx: RunContext) -> d
     kept_path.write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
     extra = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
     result = run_sft(start.path, [str(kept_path), *extra], stage_dir, stage.settings())
-    model_dir = stage_dir / MODEL_DIR
     return {
         **result,
-        "model": ctx.relative(model_dir),
-        "adapter": (model_dir / "adapter_config.json").exists(),
-        "metrics": ctx.relative(stage_dir / METRICS_FILE),
+        **trained_model(stage_dir, ctx),
         "sample_success": sampled["success"],
         "yield": report,
     }
+
+
+register_stage(RFTStageConfig, run_rft_stage)

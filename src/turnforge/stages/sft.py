@@ -1,26 +1,58 @@
 """Stage `sft`: fine-tune the stage's model on earlier collect stages with `turnforge.train.sft.run_sft`.
 
 The data are the collect stages' `trajectories.jsonl` (and any `hf:` dataset or file the recipe names);
-the model is "base" ([model]), "latest" (the last sft stage before, else base) or a named sft stage. The
+the model is "base" ([model]), "latest" (the last training stage before, else base) or a named stage. The
 trained model lands in `stages/NN-<id>/model` (merged, or a LoRA adapter with `merge = false`), the loss
 curve in `stages/NN-<id>/metrics.jsonl`. A killed SFT stage resumes from its last checkpoint when
 `save_steps` > 0, else it trains again from the start.
 
     turnforge run recipes/quickstart.toml --out runs/qs      # stage 02-sft -> runs/qs/stages/02-sft/model
+
+The config's training fields are `turnforge.train.settings.SFTSettings`'s (`with_settings_fields`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from turnforge.recipes import SFTStageConfig
+from pydantic import Field, model_validator
+
 from turnforge.stages.collect import TRAJECTORIES_FILE
+from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
 from turnforge.stages.context import RunContext
+from turnforge.stages.registry import register_stage
+from turnforge.train.settings import METRICS_FILE, MODEL_DIR, SFTSettings
 
 
-def run_sft_stage(stage: SFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
-    from turnforge.train.sft import METRICS_FILE, MODEL_DIR, run_sft
+class _SFTStage(TrainStage):
+    """`kind = "sft"`: supervised fine-tuning on earlier collect stages; the model lands in stages/NN-<id>/model.
+
+    The other fields are those of `turnforge.train.settings.SFTSettings`.
+    """
+
+    kind: Literal["sft"] = "sft"
+    name: str = Field(default="sft", pattern=STAGE_NAME)
+    data: list[str] = Field(min_length=1)
+    """Earlier collect stages (by id or name), `hf:NAME[:SPLIT]` datasets, or JSONL files."""
+
+    def settings(self) -> SFTSettings:
+        """The `SFTSettings` this stage trains with."""
+        return settings_of(self, SFTSettings)
+
+    @model_validator(mode="after")
+    def _settings_are_valid(self) -> _SFTStage:
+        self.settings()  # SFTSettings checks its own ranges (max_steps, warmup_ratio, ...): a ValueError here
+        return self
+
+
+SFTStageConfig = with_settings_fields("SFTStageConfig", _SFTStage, SFTSettings)
+
+
+def run_sft_stage(stage: _SFTStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+    from turnforge.train.sft import (
+        run_sft,  # torch and TRL (seconds to import) load when a training stage runs
+    )
 
     start = ctx.model(ctx.recipe.model_source(index))
     if start.adapter is not None:
@@ -30,9 +62,13 @@ def run_sft_stage(stage: SFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
         )
     data = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
     result = run_sft(start.path, data, stage_dir, stage.settings())
+    return {**result, **trained_model(stage_dir, ctx)}
+
+
+def trained_model(stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+    """The done.json entries of a training stage's outputs: its model (adapter or not) and metrics file."""
     model_dir = stage_dir / MODEL_DIR
     return {
-        **result,
         "model": ctx.relative(model_dir),
         "adapter": (model_dir / "adapter_config.json").exists(),
         "metrics": ctx.relative(stage_dir / METRICS_FILE),
@@ -47,3 +83,6 @@ def data_path(source: str, ctx: RunContext) -> str:
     if not source.startswith("hf:") and not Path(source).exists() and (recipe_dir / source).exists():
         return str(recipe_dir / source)
     return source
+
+
+register_stage(SFTStageConfig, run_sft_stage)

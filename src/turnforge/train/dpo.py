@@ -26,96 +26,30 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
 from trl import DPOConfig, DPOTrainer
 
 from turnforge.data.dpo_pairs import Pair, load_pairs
-from turnforge.models import LoraSpec, load_model, merge_and_save, resolve_model
+from turnforge.models import load_model
 from turnforge.models.chat import window_messages
-from turnforge.train.sft import (
-    CHECKPOINT_DIR,
+from turnforge.models.tiny import resolve_model
+from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
-    REPORT_TO,
     MetricsFileCallback,
     resume_point,
-    runtime_args,
+    save_trained,
     training_dtype,
+    trl_config,
 )
+from turnforge.train.settings import DPO_LOSS_TYPES as LOSS_TYPES
+from turnforge.train.settings import DPOSettings
 
 logger = logging.getLogger(__name__)
 
-LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down", "sigmoid_norm")
-
-
-def _default_lora() -> LoraSpec:
-    return LoraSpec(r=16, alpha=32, dropout=0.0)
-
-
-@dataclass
-class DPOSettings:
-    """Everything the DPO training can be told. The defaults run on a laptop CPU with the tiny model."""
-
-    epochs: float = 1.0
-    """Passes over the pairs (fractions allowed); ignored when `max_steps` > 0."""
-    max_steps: int = -1
-    """Optimizer steps to run; -1 = as many as `epochs` takes."""
-    learning_rate: float = 5e-4
-    """Peak learning rate (AdamW). 5e-4 moves the tiny model's LoRA; the seed used 8e-7 on Qwen3-4B."""
-    beta: float = 0.1
-    """DPO temperature: how far the policy may drift from the reference (TRL `beta`; the Iron Guard seed: 0.1)."""
-    loss_type: str = "sigmoid"
-    """TRL loss: sigmoid (the DPO paper's), ipo, hinge, robust, apo_zero, apo_down, sigmoid_norm."""
-    batch_size: int = 4
-    """Pairs per device per micro-batch (each pair is two sequences)."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step."""
-    max_length: int = 1024
-    """Tokens of prompt + reply; longer sequences are cut at the end, pairs whose prompt alone fills it are dropped."""
-    window: int | None = None
-    """Keep only the last `window` assistant turns of each history (as the SFT stage and the rollouts do); None = all."""
-    lora: LoraSpec | None = field(default_factory=_default_lora)
-    """The LoRA adapter to train (reference = adapter disabled); None = full fine-tuning against a frozen copy."""
-    merge: bool = True
-    """With LoRA: merge the adapter into `out_dir/model` (True) or save the adapter only (False)."""
-    warmup_ratio: float = 0.0
-    """Fraction of the steps spent warming the learning rate up linearly from 0, in [0, 1)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    lr_scheduler: str = "linear"
-    """Learning-rate schedule after warmup (a transformers `lr_scheduler_type`)."""
-    logging_steps: int = 10
-    """Optimizer steps between two lines of `metrics.jsonl`."""
-    save_steps: int = 0
-    """Optimizer steps between checkpoints in `out_dir/checkpoints` (a rerun resumes from the last); 0 = none."""
-    report_to: str = "none"
-    """Where training curves also go: none, tensorboard or wandb."""
-    seed: int = 0
-    """Seed of the pair order and of the LoRA initialisation."""
-    max_pairs: int | None = None
-    """Train on the first N pairs only (in input order)."""
-
-    def __post_init__(self) -> None:
-        for name, ok, expected in (
-            ("batch_size", self.batch_size >= 1, "at least 1"),
-            ("grad_accum", self.grad_accum >= 1, "at least 1"),
-            ("max_length", self.max_length >= 2, "at least 2"),
-            ("logging_steps", self.logging_steps >= 1, "at least 1"),
-            ("max_steps", self.max_steps == -1 or self.max_steps >= 1, "-1 (run `epochs`) or at least 1"),
-            ("epochs", self.max_steps != -1 or self.epochs > 0, "more than 0 when max_steps is -1"),
-            ("beta", self.beta > 0, "more than 0"),
-            ("loss_type", self.loss_type in LOSS_TYPES, " or ".join(LOSS_TYPES)),
-            ("warmup_ratio", 0.0 <= self.warmup_ratio < 1.0, "a fraction in [0, 1)"),
-            ("save_steps", self.save_steps >= 0, "0 (no checkpoints) or more"),
-            ("report_to", self.report_to in REPORT_TO, " or ".join(REPORT_TO)),
-            ("window", self.window is None or self.window >= 1, "None (all) or at least 1"),
-            ("max_pairs", self.max_pairs is None or self.max_pairs >= 1, "None (all) or at least 1"),
-        ):
-            if not ok:
-                raise ValueError(f"dpo setting {name}={getattr(self, name)!r}: expected {expected}")
+__all__ = ["LOSS_TYPES", "METRICS_FILE", "MODEL_DIR", "DPOSettings", "build_trainer", "preference_dataset", "run_dpo"]
 
 
 def preference_dataset(pairs: list[Pair], settings: DPOSettings) -> datasets.Dataset:
@@ -129,27 +63,7 @@ def preference_dataset(pairs: list[Pair], settings: DPOSettings) -> datasets.Dat
 
 def dpo_config(out_dir: Path, settings: DPOSettings) -> DPOConfig:
     """TRL's config for `settings`, with the same device and precision choices as the SFT stage."""
-    return DPOConfig(
-        output_dir=str(out_dir / CHECKPOINT_DIR),
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        beta=settings.beta,
-        loss_type=[settings.loss_type],
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.grad_accum,
-        max_length=settings.max_length,
-        warmup_steps=settings.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the total steps
-        weight_decay=settings.weight_decay,
-        lr_scheduler_type=settings.lr_scheduler,
-        logging_steps=settings.logging_steps,
-        save_strategy="steps" if settings.save_steps > 0 else "no",
-        save_steps=settings.save_steps or 500,
-        save_total_limit=2,
-        report_to=[] if settings.report_to == "none" else [settings.report_to],
-        seed=settings.seed,
-        **runtime_args(),
-    )
+    return trl_config(DPOConfig, out_dir, settings)
 
 
 def build_trainer(lm, tokenizer, dataset: datasets.Dataset, out_dir: Path, settings: DPOSettings) -> DPOTrainer:
@@ -193,11 +107,7 @@ def run_dpo(model: str, data: list[str], out_dir: Path, settings: DPOSettings, a
         logger.warning("dpo: %d pairs dropped, their prompt alone fills max_length=%d", dropped, settings.max_length)
     result = trainer.train(resume_from_checkpoint=resume)
 
-    model_dir = out_dir / MODEL_DIR
-    if settings.lora is not None and not settings.merge:
-        trainer.save_model(str(model_dir))
-    elif trainer.is_world_process_zero():
-        merge_and_save(trainer.model, tokenizer, model_dir)
+    save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
     margins = [h["rewards/margins"] for h in trainer.state.log_history if "rewards/margins" in h]
     used = pairs[: len(dataset)]
     return {

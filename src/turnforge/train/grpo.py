@@ -38,105 +38,36 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
-from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
+from turnforge.data.sft import assistant_mask, episode_pieces
 from turnforge.envs.base import make_env
-from turnforge.models import LoraSpec, load_model, merge_and_save, resolve_model
+from turnforge.models import load_model
+from turnforge.models.tiny import resolve_model
 from turnforge.policies.base import Policy, SamplingParams
 from turnforge.policies.hf import HFPolicy
-from turnforge.rewards import COMPONENTS, RewardWeights, reward_components, total_reward
+from turnforge.rewards import COMPONENTS, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.train.sft import METRICS_FILE, MODEL_DIR, MetricsFileCallback, runtime_args, training_dtype
+from turnforge.train.runtime import (
+    METRICS_FILE,
+    MODEL_DIR,
+    MetricsFileCallback,
+    resume_point,
+    save_trained,
+    training_dtype,
+    trl_config,
+)
+from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
 from turnforge.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
 
-ROLLOUTS_FILE = "rollouts.jsonl"
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
-SCALE_REWARDS = ("group", "batch", "none")
-
-
-@dataclass
-class GRPOSettings:
-    """Everything the GRPO stage can be told. The defaults run on a laptop CPU with the tiny model."""
-
-    steps: int = 20
-    """Optimizer steps."""
-    tasks_per_step: int = 4
-    """Tasks (groups) per optimizer step; each gets `num_generations` episodes."""
-    num_generations: int = 8
-    """Episodes per task: the group whose rewards are normalised together (GRPO's G)."""
-    micro_batch_size: int | None = None
-    """Episodes per forward/backward pass; None = the whole step at once. Must divide tasks_per_step x G."""
-    learning_rate: float = 1e-5
-    """AdamW peak learning rate (1e-6 for a 4B model as the DemyAgent seed; the tiny model wants ~1e-4)."""
-    loss_type: str = "dapo"
-    """TRL's loss: dapo (token-mean, DAPO), grpo, dr_grpo, bnpo, cispo, sapo."""
-    epsilon: float = 0.2
-    """Lower clip of the probability ratio."""
-    epsilon_high: float | None = 0.28
-    """Upper clip; 0.28 is DAPO's clip-higher (arXiv 2503.14476); None = epsilon."""
-    beta: float = 0.0
-    """KL coefficient; 0 = no KL and no reference model (DAPO, DemyAgent)."""
-    scale_rewards: str = "group"
-    """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
-    mask_truncated_completions: bool = True
-    """Episodes whose last reply hit the token limit carry no loss (DAPO)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-    """Tokens per assistant turn."""
-    max_turns: int | None = None
-    """Assistant turns per episode; None = the env's own limit."""
-    max_completion_length: int = 4096
-    """Tokens of one episode after its first prompt (replies + observations); longer episodes are cut."""
-    rewards: RewardWeights = field(default_factory=RewardWeights)
-    dynamic_sampling: bool = False
-    """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
-    resample_rounds: int = 2
-    """How many times dynamic sampling may try again per generation batch."""
-    lora: LoraSpec | None = None
-    merge: bool = True
-    """With LoRA: merge the adapter into `out_dir/model` (True) or save the adapter only."""
-    logging_steps: int = 1
-    save_steps: int = 0
-    """Optimizer steps between checkpoints (a rerun resumes from the last); 0 = none."""
-    seed: int = 0
-    use_vllm: bool = False
-    """Reserved for a vLLM rollout backend; turnforge has none yet, so True is refused."""
-
-    def __post_init__(self) -> None:
-        for name, ok, expected in (
-            ("steps", self.steps >= 1, "at least 1"),
-            ("tasks_per_step", self.tasks_per_step >= 1, "at least 1"),
-            ("num_generations", self.num_generations >= 2, "at least 2 (a group needs a baseline)"),
-            ("loss_type", self.loss_type in LOSS_TYPES, " or ".join(LOSS_TYPES)),
-            ("scale_rewards", self.scale_rewards in SCALE_REWARDS, " or ".join(SCALE_REWARDS)),
-            ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
-            ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
-            ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
-            ("use_vllm", not self.use_vllm, "false: turnforge has no vLLM rollout backend yet"),
-        ):
-            if not ok:
-                raise ValueError(f"grpo setting {name}={getattr(self, name)!r}: expected {expected}")
-        if isinstance(self.rewards, dict):
-            self.rewards = RewardWeights(**self.rewards)
-        if self.micro_batch_size is not None and self.episodes_per_step % self.micro_batch_size:
-            raise ValueError(
-                f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
-                f"num_generations = {self.episodes_per_step}"
-            )
-
-    @property
-    def episodes_per_step(self) -> int:
-        return self.tasks_per_step * self.num_generations
+__all__ = ["METRICS_FILE", "MODEL_DIR", "ROLLOUTS_FILE", "EpisodeRollouts", "GRPOSettings", "grpo_config", "run_grpo"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,27 +78,22 @@ def episode_sequence(traj: Trajectory, max_completion_length: int) -> tuple[list
     """(prompt_ids, completion_ids, env_mask, logprobs) of one token-exact episode.
 
     completion = turn 1 generated ids, turn 1 observation ids, turn 2 generated ids, ..., last generated ids
-    (the observation after the last turn is left out); env_mask is 1 exactly on generated ids. Cut to
-    `max_completion_length` tokens.
+    (the observation after the last turn is left out); env_mask is the SFT loss mask (`assistant_mask`: 1
+    exactly on generated ids). Cut to `max_completion_length` tokens.
     """
-    if any(turn.prompt_ids for turn in traj.turns):
-        raise ValueError("GRPO needs whole-episode token sequences; the episode was played with a history window")
-    completion: list[int] = []
-    env_mask: list[int] = []
+    try:
+        pieces = episode_pieces(traj)
+    except ValueError:
+        raise ValueError("GRPO needs whole-episode token sequences; the episode was played with a history window") from None
     logprobs: list[float] = []
-    for k, turn in enumerate(traj.turns):
+    for k, (turn, (_, observation)) in enumerate(zip(traj.turns, pieces, strict=True)):
         if len(turn.logprobs) != len(turn.generated_ids):
             raise ValueError(f"episode {traj.task_id}: turn {k} has {len(turn.logprobs)} logprobs for "
                              f"{len(turn.generated_ids)} ids")
-        completion += turn.generated_ids
-        env_mask += [1] * len(turn.generated_ids)
-        logprobs += turn.logprobs
-        if k < len(traj.turns) - 1:
-            completion += turn.observation_ids
-            env_mask += [0] * len(turn.observation_ids)
-            logprobs += [0.0] * len(turn.observation_ids)
+        logprobs += [*turn.logprobs, *[0.0] * len(observation)]
+    sequence = assistant_mask([], pieces)
     n = max_completion_length
-    return list(traj.prompt_ids), completion[:n], env_mask[:n], logprobs[:n]
+    return list(traj.prompt_ids), sequence.input_ids[:n], sequence.completion_mask[:n], logprobs[:n]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -350,33 +276,7 @@ def component_reward(name: str):
 
 def grpo_config(out_dir: Path, settings: GRPOSettings) -> GRPOConfig:
     """TRL's config: the knobs pass through unchanged; batch = tasks_per_step x num_generations episodes."""
-    micro = settings.micro_batch_size or settings.episodes_per_step
-    weights = settings.rewards.as_dict()
-    return GRPOConfig(
-        output_dir=str(out_dir / "checkpoints"),
-        max_steps=settings.steps,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=settings.episodes_per_step // micro,
-        num_generations=settings.num_generations,
-        loss_type=settings.loss_type,
-        epsilon=settings.epsilon,
-        epsilon_high=settings.epsilon_high,
-        beta=settings.beta,
-        scale_rewards=settings.scale_rewards,
-        mask_truncated_completions=settings.mask_truncated_completions,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        max_completion_length=settings.max_completion_length,
-        reward_weights=[weights[name] for name in COMPONENTS],
-        logging_steps=settings.logging_steps,
-        save_strategy="steps" if settings.save_steps > 0 else "no",
-        save_steps=settings.save_steps or 500,
-        save_total_limit=2,
-        report_to=[],
-        seed=settings.seed,
-        **runtime_args(),
-    )
+    return trl_config(GRPOConfig, out_dir, settings)
 
 
 def task_dataset(env_name: str, env_options: dict[str, Any], tasks: list[Task]) -> datasets.Dataset:
@@ -405,11 +305,7 @@ def run_grpo(
     if adapter is not None:
         lm = lm.merge_and_unload()  # a start model saved as an adapter: its weights become the policy's own
     rollouts = EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE)
-    checkpoints = out_dir / "checkpoints"
-    resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
-    if resume is None:
-        for name in (METRICS_FILE, ROLLOUTS_FILE):
-            (out_dir / name).unlink(missing_ok=True)
+    resume = resume_point(out_dir, also_reset=(ROLLOUTS_FILE,))
     trainer = GRPOTrainer(
         model=lm,
         reward_funcs=[component_reward(name) for name in COMPONENTS],
@@ -421,11 +317,7 @@ def run_grpo(
         callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
     )
     result = trainer.train(resume_from_checkpoint=resume)
-    model_dir = out_dir / MODEL_DIR
-    if settings.lora is not None and not settings.merge:
-        trainer.save_model(str(model_dir))
-    elif trainer.is_world_process_zero():
-        merge_and_save(trainer.model, tokenizer, model_dir)
+    save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
     return {
         "steps": int(result.global_step),
         "train_loss": float(result.training_loss),

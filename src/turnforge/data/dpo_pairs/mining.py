@@ -1,0 +1,164 @@
+"""Mining round-wise DPO pairs from rollouts: one pair per decision point where a reply went wrong.
+
+Mining replays each trajectory in a fresh env (the env is deterministic given the task and the replies) and judges
+every reply the policy wrote (`judging.judge_reply`); a reply with a defect becomes `rejected`, and `chosen` is, at
+the same state:
+  - for `verbose`: the same action written concisely (the Iron Guard seed's "concise thought + valid action"
+    against "verbose, chatty");
+  - else a successful sibling episode's reply at an identical history (on-policy text), when one exists;
+  - else the env's expert (`expert_reply()` after replaying the history).
+A chosen reply is itself stepped and judged; one with any defect is not used (the pair is dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from turnforge.data.dpo_pairs.files import Pair
+from turnforge.data.dpo_pairs.judging import REASONS, Judged, MiningSettings, judge_reply
+from turnforge.envs.base import Env, SupportsExpert
+from turnforge.types import Message, Task, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MiningCounts:
+    """What mining did (written to the DPO stage's done.json)."""
+
+    episodes: int = 0
+    turns: int = 0
+    defective_turns: int = 0
+    no_clean_chosen: int = 0
+    """Defective replies dropped because no defect-free chosen reply was found at their state."""
+    not_replayable: int = 0
+    """Episodes skipped: replaying them gave other observations than recorded (other env options?)."""
+    duplicates: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    chosen_from: dict[str, int] = field(default_factory=dict)
+
+
+def _history_key(messages: list[Message]) -> str:
+    return json.dumps([m.to_dict() for m in messages], sort_keys=True)
+
+
+def _replay(env_factory: Callable[[], Env], task: Task, replies: list[str], settings: MiningSettings) -> tuple[Env, list[Judged]]:
+    """A fresh env stepped through `replies`, and each reply judged."""
+    env = env_factory()
+    env.reset(task)
+    past: list[Judged] = []
+    for reply in replies:
+        past.append(judge_reply(env, reply, past, settings))
+    return env, past
+
+
+def replay_trajectory(traj: Trajectory, env_factory: Callable[[], Env], task: Task, settings: MiningSettings) -> list[Judged] | None:
+    """Every assistant reply of `traj` judged in a fresh env; None when the replay's observations differ from the record."""
+    starts = traj.reply_indices()
+    _, judged = _replay(env_factory, task, [traj.messages[i].content for i in starts], settings)
+    for n, i in enumerate(starts):
+        nxt = starts[n + 1] if n + 1 < len(starts) else len(traj.messages)
+        recorded = "\n".join(m.content for m in traj.messages[i + 1 : nxt])
+        if recorded and recorded != judged[n].observation:
+            return None
+    return judged
+
+
+def _chosen_reply(
+    env_factory: Callable[[], Env],
+    task: Task,
+    history: list[Judged],
+    rejected: Judged,
+    sibling: str | None,
+    settings: MiningSettings,
+) -> tuple[str, str] | None:
+    """(chosen reply, where it came from) at the state after `history`, checked defect-free; None if none is."""
+    env, past = _replay(env_factory, task, [j.reply for j in history], settings)
+    if rejected.defects == ["verbose"]:
+        assert isinstance(rejected.parsed, Message)
+        candidate, source = env.format.render(rejected.parsed), "concise"
+    elif sibling is not None:
+        candidate, source = sibling, "sibling"
+    elif isinstance(env, SupportsExpert):
+        candidate, source = env.format.render(env.expert_reply()), "expert"
+    else:
+        return None
+    if candidate == rejected.reply or judge_reply(env, candidate, past, settings).defects:
+        return None
+    return candidate, source
+
+
+def mine_dpo_pairs(
+    trajectories: Iterable[Trajectory],
+    env_factory: Callable[[], Env],
+    tasks: dict[str, Task],
+    settings: MiningSettings | None = None,
+    counts: MiningCounts | None = None,
+) -> list[Pair]:
+    """One pair per defective assistant reply of `trajectories` (see the module docstring); duplicates dropped.
+
+    `env_factory` builds the env the trajectories were collected in (same options); `tasks` maps task ids to tasks.
+    """
+    settings = settings or MiningSettings()
+    counts = counts if counts is not None else MiningCounts()
+    judged_all: list[tuple[Trajectory, list[Judged]]] = []
+    for traj in trajectories:
+        if traj.task_id not in tasks:
+            raise ValueError(f"trajectory of task {traj.task_id!r} (sample {traj.sample}): no such task in the env's splits")
+        counts.episodes += 1
+        judged = replay_trajectory(traj, env_factory, tasks[traj.task_id], settings)
+        if judged is None:
+            counts.not_replayable += 1
+            logger.warning("dpo mining: task %s sample %s does not replay as recorded; skipped", traj.task_id, traj.sample)
+            continue
+        judged_all.append((traj, judged))
+    siblings = _sibling_replies(judged_all)
+    pairs, seen = [], set()
+    for traj, judged in judged_all:
+        starts = traj.reply_indices()
+        counts.turns += len(judged)
+        for n, j in enumerate(judged):
+            if not j.defects:
+                continue
+            counts.defective_turns += 1
+            reason = j.defects[0]
+            if settings.reasons is not None and reason not in settings.reasons:
+                continue
+            history = traj.messages[: starts[n]]
+            key = _history_key(history)
+            sibling = siblings.get(key)
+            picked = _chosen_reply(env_factory, tasks[traj.task_id], judged[:n], j, sibling, settings)
+            if picked is None:
+                counts.no_clean_chosen += 1
+                continue
+            if (key, j.reply) in seen:
+                counts.duplicates += 1
+                continue
+            seen.add((key, j.reply))
+            chosen, source = picked
+            pairs.append(Pair([m.to_dict() for m in history], chosen, j.reply, reason, traj.tools, traj.task_id, n, source))
+            counts.by_reason[reason] = counts.by_reason.get(reason, 0) + 1
+            counts.chosen_from[source] = counts.chosen_from.get(source, 0) + 1
+    return pairs
+
+
+def _sibling_replies(judged_all: list[tuple[Trajectory, list[Judged]]]) -> dict[str, str]:
+    """History -> the next reply of a successful episode there, when that reply has no defect."""
+    out: dict[str, str] = {}
+    for traj, judged in judged_all:
+        if not traj.score.success:
+            continue
+        for n, i in enumerate(traj.reply_indices()):
+            if not judged[n].defects:
+                out.setdefault(_history_key(traj.messages[:i]), judged[n].reply)
+    return out
+
+
+def reason_counts(pairs: Iterable[Pair]) -> dict[str, int]:
+    """Pairs per reason, in `REASONS` order then others alphabetically."""
+    c = Counter(p.reason for p in pairs)
+    return {r: c[r] for r in [*REASONS, *sorted(set(c) - set(REASONS))] if c[r]}

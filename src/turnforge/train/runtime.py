@@ -1,0 +1,118 @@
+"""What the SFT, DPO and GRPO wrappers share around their TRL trainer: the run-time config fields, the training
+dtype, the `metrics.jsonl` callback, resuming from a checkpoint, and saving the model (merged or the adapter).
+
+    out_dir/checkpoints/   TRL's checkpoints (`save_steps` > 0): a rerun resumes from the last (`resume_point`)
+    out_dir/metrics.jsonl  one JSON line per logging step, flushed as written (`MetricsFileCallback`)
+    out_dir/model/         the trained model: merged, or the LoRA adapter with `merge = false` (`save_trained`)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import SFTConfig
+
+from turnforge.models import LoraSpec, merge_and_save
+from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "resume_point", "runtime_args",
+           "save_trained", "training_dtype", "trl_config"]
+# transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns).
+CHECKPOINTING_FIELD = next(
+    name for name in ("activation_checkpointing", "gradient_checkpointing") if name in SFTConfig.__dataclass_fields__
+)
+
+
+def runtime_args() -> dict[str, Any]:
+    """The TRL config fields every turnforge trainer (SFT, DPO, GRPO) sets the same way for this machine.
+
+    A stage's `trl` table may override them (e.g. `trl = { bf16 = false }`)."""
+    on_gpu = torch.cuda.is_available()
+    return {
+        # TRL defaults bf16=True; CPUs (and pre-Ampere GPUs) train in float32.
+        "bf16": on_gpu and torch.cuda.is_bf16_supported(),
+        "use_cpu": not on_gpu,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": not sys.stderr.isatty(),  # a progress bar per step floods logs and CI output
+        # TRL turns gradient checkpointing on; on CPU the models are small and the ~20% recompute is pure loss.
+        CHECKPOINTING_FIELD: on_gpu,
+    }
+
+
+def trl_config(config_cls: type, out_dir: Path, settings: Any) -> Any:
+    """TRL's config for `settings`: run-time fields < the settings' own fields (`trl_kwargs`) < its `trl` table."""
+    settings.check_trl()
+    return config_cls(
+        output_dir=str(Path(out_dir) / CHECKPOINT_DIR), **{**runtime_args(), **settings.trl_kwargs(), **settings.trl}
+    )
+
+
+def training_dtype(lora: LoraSpec | None) -> str:
+    """Full fine-tuning keeps float32 master weights (bf16 autocast on GPU, like TRL's own loading); LoRA freezes
+    the base, so a bf16 copy halves its memory while the adapter trains in float32 (PEFT upcasts it)."""
+    on_gpu = torch.cuda.is_available()
+    return "bfloat16" if on_gpu and lora is not None and torch.cuda.is_bf16_supported() else "float32"
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Appends each training log (a dict with `loss`) to a JSONL file as one line, flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # The end-of-training summary (train_loss, train_runtime) has no `loss`; the run functions return it.
+        if not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        line = {"step": state.global_step, **logs}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line, default=float) + "\n")
+            f.flush()
+
+
+def resume_point(out_dir: Path, also_reset: tuple[str, ...] = ()) -> str | None:
+    """The last checkpoint of an interrupted run, keeping metrics.jsonl consistent with it (else starting it anew).
+
+    Without a checkpoint, metrics.jsonl and the files named in `also_reset` (e.g. GRPO's rollouts.jsonl) are
+    removed: the run starts from step 0 again."""
+    checkpoints = out_dir / CHECKPOINT_DIR
+    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    metrics = out_dir / METRICS_FILE
+    if last is None:
+        for name in (METRICS_FILE, *also_reset):
+            (out_dir / name).unlink(missing_ok=True)
+        return None
+    # Steps logged after the checkpoint will be logged again when they are redone.
+    step = int(Path(last).name.split("-")[-1])
+    if metrics.exists():
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+        kept = [ln for ln in lines if (logged := _line_step(ln)) is not None and logged <= step]
+        metrics.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+    logger.info("resuming from %s", last)
+    return last
+
+
+def _line_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a line cut short by a kill
+
+
+def save_trained(trainer: Any, tokenizer: Any, out_dir: Path, lora: LoraSpec | None, merge: bool) -> Path:
+    """Write `out_dir/model`: the LoRA adapter alone (`merge = false`), else the merged (or fully trained) model."""
+    model_dir = out_dir / MODEL_DIR
+    if lora is not None and not merge:
+        trainer.save_model(str(model_dir))  # the adapter (adapter_config.json + weights) and the tokenizer
+    elif trainer.is_world_process_zero():  # under `accelerate launch`, one process writes
+        merge_and_save(trainer.model, tokenizer, model_dir)
+    return model_dir

@@ -1,0 +1,310 @@
+"""What each trainer can be told: `SFTSettings`, `DPOSettings`, `GRPOSettings` (plain dataclasses, no torch).
+
+They are the one source of truth for a training stage's fields: the recipe's stage tables are built from them
+(`turnforge.stages.config.with_settings_fields`), so a recipe and a trainer cannot disagree on a name, a type
+or a default. What SFT and DPO share (optimizer, schedule, LoRA, checkpoints, window) is declared once, in
+`TrainerSettings`; each subclass adds its own fields and changes only the defaults it needs.
+
+Every setting says which TRL config field it sets (`trl_kwargs`). TRL's long tail of other options passes
+through the `trl` table unchanged (`trl = { max_grad_norm = 0.5, optim = "adamw_torch_fused" }`): its keys are
+checked against the TRL config class's own fields, so a typo is an error naming the field, and a field that a
+turnforge setting already sets is refused (set the setting instead), so that one value has one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from turnforge.models.loading import LoraSpec
+from turnforge.rewards import COMPONENTS, RewardWeights
+
+# Where a trainer writes, under its out_dir (names the stages and the report read too).
+MODEL_DIR = "model"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+ROLLOUTS_FILE = "rollouts.jsonl"
+
+REPORT_TO = ("none", "tensorboard", "wandb")
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down", "sigmoid_norm")
+GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def check_settings(kind: str, settings: Any, checks: list[tuple[str, bool, str]]) -> None:
+    """Raise `ValueError("<kind> setting NAME=VALUE: expected ...")` for the first failed (name, ok, expected)."""
+    for name, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"{kind} setting {name}={getattr(settings, name)!r}: expected {expected}")
+
+
+def _save_kwargs(save_steps: int) -> dict[str, Any]:
+    # Resuming needs the last checkpoint only; full checkpoints of a 4B model are big, hence the limit of 2.
+    return {"save_strategy": "steps" if save_steps > 0 else "no", "save_steps": save_steps or 500, "save_total_limit": 2}
+
+
+def check_trl_options(config_name: str, options: dict[str, Any], managed: set[str]) -> None:
+    """Every key of a `trl` table is a field of TRL's `config_name` that no turnforge setting sets (ValueError)."""
+    if not options:
+        return
+    import trl  # seconds to import: only a stage with a `trl` table pays it, at load time
+
+    config = getattr(trl, config_name)
+    known = {f.name for f in dataclasses.fields(config) if f.init}
+    problems = []
+    unknown = sorted(set(options) - known)
+    if unknown:
+        problems.append(f"unknown field(s) of TRL's {config_name} (trl {trl.__version__}): {', '.join(unknown)}")
+    taken = sorted(set(options) & managed)
+    if taken:
+        problems.append(f"{', '.join(taken)} set by this stage's own settings; set those instead")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+@dataclass
+class TrainerSettings:
+    """The settings SFT and DPO share. The defaults run on a laptop CPU with the tiny model."""
+
+    KIND: ClassVar[str] = "trainer"
+    TRL_CONFIG: ClassVar[str] = "TrainingArguments"
+
+    epochs: float = 1.0
+    """Passes over the data (fractions allowed); ignored when `max_steps` > 0."""
+    max_steps: int = -1
+    """Optimizer steps to run; -1 = as many as `epochs` takes."""
+    learning_rate: float = 5e-4
+    """Peak learning rate (AdamW). 5e-4 suits LoRA and the tiny model; full fine-tuning of a 4B model wants ~1e-5."""
+    batch_size: int = 8
+    """Sequences (SFT rows, DPO pairs) per device per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; effective batch = batch_size x grad_accum x devices."""
+    max_length: int = 1024
+    """Tokens per example; longer examples are cut at the end (counted and logged)."""
+    lora: LoraSpec | None = None
+    """LoRA adapter to train (r, alpha, dropout, target modules); None = full fine-tuning."""
+    merge: bool = True
+    """With LoRA: merge the adapter into the weights of `out_dir/model` (True) or save the adapter only (False)."""
+    window: int | None = None
+    """Keep only the last `window` assistant turns in context (as the rollouts with that window do); None = all."""
+    warmup_ratio: float = 0.0
+    """Fraction of the steps spent warming the learning rate up linearly from 0, in [0, 1)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lr_scheduler: str = "cosine"
+    """Learning-rate schedule after warmup (a transformers `lr_scheduler_type`: cosine, linear, constant, ...)."""
+    logging_steps: int = 10
+    """Optimizer steps between two lines of `metrics.jsonl` (and of tensorboard / wandb)."""
+    save_steps: int = 0
+    """Optimizer steps between checkpoints in `out_dir/checkpoints` (a rerun resumes from the last); 0 = none."""
+    report_to: str = "none"
+    """Where training curves also go: none, tensorboard (under out_dir/checkpoints/runs) or wandb."""
+    seed: int = 0
+    """Seed of the data order and of the LoRA initialisation."""
+    trl: dict[str, Any] = field(default_factory=dict)
+    """Other fields of TRL's config, passed through unchanged (checked against that class's own fields)."""
+
+    def __post_init__(self) -> None:
+        check_settings(self.KIND, self, [
+            ("batch_size", self.batch_size >= 1, "at least 1"),
+            ("grad_accum", self.grad_accum >= 1, "at least 1"),
+            ("max_length", self.max_length >= 1, "at least 1"),
+            ("logging_steps", self.logging_steps >= 1, "at least 1"),
+            ("max_steps", self.max_steps == -1 or self.max_steps >= 1, "-1 (run `epochs`) or at least 1"),
+            ("epochs", self.max_steps != -1 or self.epochs > 0, "more than 0 when max_steps is -1"),
+            ("warmup_ratio", 0.0 <= self.warmup_ratio < 1.0, "a fraction in [0, 1)"),
+            ("save_steps", self.save_steps >= 0, "0 (no checkpoints) or more"),
+            ("report_to", self.report_to in REPORT_TO, " or ".join(REPORT_TO)),
+            ("window", self.window is None or self.window >= 1, "None (all) or at least 1"),
+        ])
+        if isinstance(self.lora, dict):
+            self.lora = LoraSpec(**self.lora)
+
+    def trl_kwargs(self) -> dict[str, Any]:
+        """The TRL config fields these settings set (the run-time and `trl` ones are added by `trl_config`)."""
+        return {
+            "num_train_epochs": self.epochs,
+            "max_steps": self.max_steps,
+            "learning_rate": self.learning_rate,
+            "per_device_train_batch_size": self.batch_size,
+            "gradient_accumulation_steps": self.grad_accum,
+            "max_length": self.max_length,
+            "warmup_steps": self.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the total steps
+            "weight_decay": self.weight_decay,
+            "lr_scheduler_type": self.lr_scheduler,
+            "logging_steps": self.logging_steps,
+            "report_to": [] if self.report_to == "none" else [self.report_to],
+            "seed": self.seed,
+            **_save_kwargs(self.save_steps),
+        }
+
+    def check_trl(self) -> None:
+        check_trl_options(self.TRL_CONFIG, self.trl, {"output_dir", *self.trl_kwargs()})
+
+
+@dataclass
+class SFTSettings(TrainerSettings):
+    """Everything the SFT trainer can be told (TRL `SFTConfig`)."""
+
+    KIND: ClassVar[str] = "sft"
+    TRL_CONFIG: ClassVar[str] = "SFTConfig"
+
+    packing: bool = False
+    """Pack several examples into each `max_length` row (TRL best-fit-decreasing, no cross-example attention)."""
+    max_examples: int | None = None
+    """Train on the first N examples only (in input order, after fitting to `max_length`; reading stops there)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_settings(self.KIND, self, [
+            ("max_examples", self.max_examples is None or self.max_examples >= 1, "None (all) or at least 1"),
+        ])
+
+    def trl_kwargs(self) -> dict[str, Any]:
+        # completion_only_loss: labels = input_ids where completion_mask == 1, else -100 (TRL builds them).
+        return {**super().trl_kwargs(), "packing": self.packing, "completion_only_loss": True}
+
+
+def _dpo_lora() -> LoraSpec:
+    return LoraSpec(r=16, alpha=32, dropout=0.0)
+
+
+@dataclass
+class DPOSettings(TrainerSettings):
+    """Everything the DPO trainer can be told (TRL `DPOConfig`); the shared fields with DPO's defaults."""
+
+    KIND: ClassVar[str] = "dpo"
+    TRL_CONFIG: ClassVar[str] = "DPOConfig"
+
+    batch_size: int = 4  # each pair is two sequences
+    lora: LoraSpec | None = field(default_factory=_dpo_lora)  # the reference = the model with the adapter disabled
+    lr_scheduler: str = "linear"
+    beta: float = 0.1
+    """DPO temperature: how far the policy may drift from the reference (TRL `beta`; the Iron Guard seed: 0.1)."""
+    loss_type: str = "sigmoid"
+    """TRL loss: sigmoid (the DPO paper's), ipo, hinge, robust, apo_zero, apo_down, sigmoid_norm."""
+    max_pairs: int | None = None
+    """Train on the first N pairs only (in input order)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_settings(self.KIND, self, [
+            ("max_length", self.max_length >= 2, "at least 2"),
+            ("beta", self.beta > 0, "more than 0"),
+            ("loss_type", self.loss_type in DPO_LOSS_TYPES, " or ".join(DPO_LOSS_TYPES)),
+            ("max_pairs", self.max_pairs is None or self.max_pairs >= 1, "None (all) or at least 1"),
+        ])
+
+    def trl_kwargs(self) -> dict[str, Any]:
+        return {**super().trl_kwargs(), "beta": self.beta, "loss_type": [self.loss_type]}
+
+
+@dataclass
+class GRPOSettings:
+    """Everything the GRPO trainer can be told (TRL `GRPOConfig`). The defaults run on a laptop CPU."""
+
+    KIND: ClassVar[str] = "grpo"
+    TRL_CONFIG: ClassVar[str] = "GRPOConfig"
+
+    steps: int = 20
+    """Optimizer steps."""
+    tasks_per_step: int = 4
+    """Tasks (groups) per optimizer step; each gets `num_generations` episodes."""
+    num_generations: int = 8
+    """Episodes per task: the group whose rewards are normalised together (GRPO's G)."""
+    micro_batch_size: int | None = None
+    """Episodes per forward/backward pass; None = the whole step at once. Must divide tasks_per_step x G."""
+    learning_rate: float = 1e-5
+    """AdamW peak learning rate (1e-6 for a 4B model as the DemyAgent seed; the tiny model wants ~1e-4)."""
+    loss_type: str = "dapo"
+    """TRL's loss: dapo (token-mean, DAPO), grpo, dr_grpo, bnpo, cispo, sapo."""
+    epsilon: float = 0.2
+    """Lower clip of the probability ratio."""
+    epsilon_high: float | None = 0.28
+    """Upper clip; 0.28 is DAPO's clip-higher (arXiv 2503.14476); None = epsilon."""
+    beta: float = 0.0
+    """KL coefficient; 0 = no KL and no reference model (DAPO, DemyAgent)."""
+    scale_rewards: str = "group"
+    """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
+    mask_truncated_completions: bool = True
+    """Episodes whose last reply hit the token limit carry no loss (DAPO)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    """Tokens per assistant turn."""
+    max_turns: int | None = None
+    """Assistant turns per episode; None = the env's own limit."""
+    max_completion_length: int = 4096
+    """Tokens of one episode after its first prompt (replies + observations); longer episodes are cut."""
+    rewards: RewardWeights = field(default_factory=RewardWeights)
+    dynamic_sampling: bool = False
+    """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
+    resample_rounds: int = 2
+    """How many times dynamic sampling may try again per generation batch."""
+    lora: LoraSpec | None = None
+    merge: bool = True
+    """With LoRA: merge the adapter into `out_dir/model` (True) or save the adapter only."""
+    logging_steps: int = 1
+    save_steps: int = 0
+    """Optimizer steps between checkpoints (a rerun resumes from the last); 0 = none."""
+    seed: int = 0
+    use_vllm: bool = False
+    """Reserved for a vLLM rollout backend; turnforge has none yet, so True is refused."""
+    trl: dict[str, Any] = field(default_factory=dict)
+    """Other fields of TRL's GRPOConfig, passed through unchanged (checked against its own fields)."""
+
+    def __post_init__(self) -> None:
+        check_settings(self.KIND, self, [
+            ("steps", self.steps >= 1, "at least 1"),
+            ("tasks_per_step", self.tasks_per_step >= 1, "at least 1"),
+            ("num_generations", self.num_generations >= 2, "at least 2 (a group needs a baseline)"),
+            ("loss_type", self.loss_type in GRPO_LOSS_TYPES, " or ".join(GRPO_LOSS_TYPES)),
+            ("scale_rewards", self.scale_rewards in SCALE_REWARDS, " or ".join(SCALE_REWARDS)),
+            ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
+            ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
+            ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
+            ("use_vllm", not self.use_vllm, "false: turnforge has no vLLM rollout backend yet"),
+        ])
+        if isinstance(self.rewards, dict):
+            self.rewards = RewardWeights(**self.rewards)
+        if isinstance(self.lora, dict):
+            self.lora = LoraSpec(**self.lora)
+        if self.micro_batch_size is not None and self.episodes_per_step % self.micro_batch_size:
+            raise ValueError(
+                f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
+                f"num_generations = {self.episodes_per_step}"
+            )
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.tasks_per_step * self.num_generations
+
+    def trl_kwargs(self) -> dict[str, Any]:
+        """TRL's knobs pass through unchanged; a batch = tasks_per_step x num_generations episodes."""
+        micro = self.micro_batch_size or self.episodes_per_step
+        weights = self.rewards.as_dict()
+        return {
+            "max_steps": self.steps,
+            "learning_rate": self.learning_rate,
+            "per_device_train_batch_size": micro,
+            "gradient_accumulation_steps": self.episodes_per_step // micro,
+            "num_generations": self.num_generations,
+            "loss_type": self.loss_type,
+            "epsilon": self.epsilon,
+            "epsilon_high": self.epsilon_high,
+            "beta": self.beta,
+            "scale_rewards": self.scale_rewards,
+            "mask_truncated_completions": self.mask_truncated_completions,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_completion_length": self.max_completion_length,
+            "reward_weights": [weights[name] for name in COMPONENTS],
+            "logging_steps": self.logging_steps,
+            "report_to": [],
+            "seed": self.seed,
+            **_save_kwargs(self.save_steps),
+        }
+
+    def check_trl(self) -> None:
+        check_trl_options(self.TRL_CONFIG, self.trl, {"output_dir", "use_vllm", *self.trl_kwargs()})
