@@ -30,7 +30,7 @@ from functools import partial
 
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.household import HouseholdEnv
-from turnforge.models import build_tiny_model
+from turnforge.models.tiny import build_tiny_model
 from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.policies.queue import Role, RoleStats

@@ -20,7 +20,8 @@ import torch
 
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.formats.base import FormatError
-from turnforge.models import build_tiny_model, load_model
+from turnforge.models import load_model
+from turnforge.models.tiny import build_tiny_model
 from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.rollout import RolloutLimits, run_episodes

@@ -6,22 +6,12 @@
     chat.py      ChatTemplateRenderer (the rollout's ChatRenderer), window_messages, check_prefix_preserving
 
 `tiny.py` plays the env's expert through the rollout engine, and the rollout engine uses `chat.py`: so this
-package does not import `tiny.py` (that would be a cycle); `build_tiny_model` and `resolve_model` are still
-reachable as `turnforge.models.build_tiny_model` / `.resolve_model`, loaded on first use (PEP 562).
+package does not import `tiny.py` (that would be a cycle); import `build_tiny_model` and `resolve_model` from
+`turnforge.models.tiny`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from turnforge.models.loading import LoraSpec, load_model, merge_and_save
 
-__all__ = ["LoraSpec", "build_tiny_model", "load_model", "merge_and_save", "resolve_model"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("build_tiny_model", "resolve_model"):
-        from turnforge.models import tiny
-
-        return getattr(tiny, name)
-    raise AttributeError(f"module 'turnforge.models' has no attribute {name!r}")
+__all__ = ["LoraSpec", "load_model", "merge_and_save"]

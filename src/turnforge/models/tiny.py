@@ -19,7 +19,7 @@ Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-tr
 This module sits above the rollout engine (it plays the env's expert for its corpus), so `turnforge.models`,
 which the rollout engine's chat rendering lives in, does not import it: import it as `turnforge.models.tiny`.
 
-    python -c "from turnforge.models import build_tiny_model; print(build_tiny_model('runs/tiny'))"
+    python -c "from turnforge.models.tiny import build_tiny_model; print(build_tiny_model('runs/tiny'))"
 """
 
 from __future__ import annotations
