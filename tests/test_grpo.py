@@ -62,8 +62,9 @@ def test_settings_errors_name_the_field():
         GRPOSettings(num_generations=1)
     with pytest.raises(ValueError, match="micro_batch_size"):
         GRPOSettings(tasks_per_step=2, num_generations=3, micro_batch_size=4)
-    with pytest.raises(ValueError, match="vLLM"):
-        GRPOSettings(use_vllm=True)
+    vllm = GRPOSettings(use_vllm=True, trl={"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:8000"})
+    assert vllm.trl_kwargs()["use_vllm"] is True
+    vllm.check_trl()  # TRL's own vLLM fields pass through
 
 
 def test_trl_receives_env_mask_as_its_tool_mask(household_sft_model_dir, tmp_path):

@@ -17,7 +17,8 @@ Read top to bottom, one call of `run_grpo` does:
      batch: success rate, mean reward, zero-variance groups, replaced groups).
 
 How it departs from plain TRL:
-  - Generation is turnforge's (HF `generate` through `HFPolicy.from_model`), not TRL's single-turn
+  - Generation is turnforge's (HF `generate` through `HFPolicy.from_model`, or with `use_vllm` the vLLM
+    engine TRL built and keeps in sync, through `VLLMPolicy` / `TRLServerPolicy`), not TRL's single-turn
     generate: an episode is many assistant turns with env observations between them. The token sequence
     is never re-tokenized, so the ids TRL scores are exactly the ids the model sampled.
   - The observation after the LAST turn is not part of the completion: the model never saw it, and TRL
@@ -105,9 +106,17 @@ def task_prompt(task: Task, messages: list) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.content, "task_id": task.id} for m in messages]
 
 
-def hf_rollout_policy(model, tokenizer, settings: GRPOSettings) -> Policy:
-    """The default rollout policy: HF `generate` on the model being trained (a vLLM factory can replace it)."""
-    return HFPolicy.from_model(model, tokenizer, batch_size=settings.episodes_per_step, model_id="grpo")
+def rollout_policy(trainer: GRPOTrainer, model, tokenizer, settings: GRPOSettings) -> Policy:
+    """The policy that plays the episodes: vLLM through TRL's own engine when `use_vllm` (TRL has synced the
+    trained weights into it before calling the rollout function), else HF `generate` on the trained model."""
+    if not trainer.use_vllm:
+        return HFPolicy.from_model(model, tokenizer, batch_size=settings.episodes_per_step, model_id="grpo")
+    from turnforge.policies.vllm import TRLServerPolicy, VLLMPolicy  # GPU only
+
+    engine = trainer.vllm_generation
+    if engine.mode == "colocate":
+        return VLLMPolicy.from_llm(engine.llm, tokenizer, model_id="grpo-vllm")
+    return TRLServerPolicy(engine.vllm_client, tokenizer, trainer.model.config.name_or_path)
 
 
 class EpisodeRollouts:
@@ -132,7 +141,7 @@ class EpisodeRollouts:
         self.tokenizer = tokenizer
         self.settings = settings
         self.log_path = log_path
-        self.policy_factory = policy_factory or hf_rollout_policy
+        self.policy_factory = policy_factory or rollout_policy
         self.rng = random.Random(settings.seed)
         self.calls = 0
         self.episodes = 0
@@ -140,19 +149,24 @@ class EpisodeRollouts:
     def __call__(self, prompts: list[list[dict[str, Any]]], trainer: GRPOTrainer) -> dict[str, list]:
         started = time.perf_counter()
         slots = [self.tasks[p[-1]["task_id"]] for p in prompts]
-        # As TRL's own generation: the bare model, with ZeRO-3's sharded parameters gathered while it generates.
-        args = trainer.args
-        with unwrap_model_for_generation(
-            trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
-            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-        ) as model:
-            was_training = model.training
-            model.eval()
-            try:
-                groups = self._play(model, slots)
-                groups, replaced, left = self._resample(model, groups)
-            finally:
-                model.train(was_training)
+        self.trainer = trainer
+        if trainer.use_vllm:  # vLLM generates; the trained model is not needed here
+            groups = self._play(None, slots)
+            groups, replaced, left = self._resample(None, groups)
+        else:
+            # As TRL's own generation: the bare model, ZeRO-3's sharded parameters gathered while it generates.
+            args = trainer.args
+            with unwrap_model_for_generation(
+                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+            ) as model:
+                was_training = model.training
+                model.eval()
+                try:
+                    groups = self._play(model, slots)
+                    groups, replaced, left = self._resample(model, groups)
+                finally:
+                    model.train(was_training)
         episodes = [traj for _, trajs in groups for traj in trajs]
         self.episodes += len(episodes)
         out = self._to_trl(episodes)
@@ -171,7 +185,7 @@ class EpisodeRollouts:
 
     def _episodes(self, model, runs: list[tuple[Task, int]]) -> list[tuple[Task, list[Trajectory]]]:
         s = self.settings
-        policy = self.policy_factory(model, self.tokenizer, s)
+        policy = self.policy_factory(self.trainer, model, self.tokenizer, s)
         self.calls += 1
         params = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed + 7919 * self.calls

@@ -250,7 +250,9 @@ class GRPOSettings:
     """Optimizer steps between checkpoints (a rerun resumes from the last); 0 = none."""
     seed: int = 0
     use_vllm: bool = False
-    """Reserved for a vLLM rollout backend; turnforge has none yet, so True is refused."""
+    """Roll out with vLLM through TRL's vLLM modes (GPU + `pip install "turnforge[vllm]"`): `vllm_mode`
+    colocate (default) or server, and the other `vllm_*` fields, go in `trl = {...}`; TRL's
+    importance-sampling correction for the vLLM / trainer log-prob gap is on (its default)."""
     trl: dict[str, Any] = field(default_factory=dict)
     """Other fields of TRL's GRPOConfig, passed through unchanged (checked against its own fields)."""
 
@@ -264,7 +266,6 @@ class GRPOSettings:
             ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
             ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
             ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
-            ("use_vllm", not self.use_vllm, "false: turnforge has no vLLM rollout backend yet"),
         ])
         if isinstance(self.rewards, dict):
             self.rewards = RewardWeights(**self.rewards)
@@ -303,8 +304,9 @@ class GRPOSettings:
             "logging_steps": self.logging_steps,
             "report_to": [],
             "seed": self.seed,
+            "use_vllm": self.use_vllm,
             **_save_kwargs(self.save_steps),
         }
 
     def check_trl(self) -> None:
-        check_trl_options(self.TRL_CONFIG, self.trl, {"output_dir", "use_vllm", *self.trl_kwargs()})
+        check_trl_options(self.TRL_CONFIG, self.trl, {"output_dir", *self.trl_kwargs()})
