@@ -169,9 +169,13 @@ def test_agentbench_ironguard_runs_on_the_tiny_model_over_household_and_sql(tmp_
     from turnforge.pipeline import run_recipe
     from turnforge.recipes import load_recipe
 
-    recipe = load_recipe("agentbench_ironguard", overrides=IRONGUARD_BUDGET, model="tiny")
+    # The teacher (the tiny model itself here) is asked at every decision point; its replies are replayed first.
+    teacher = ['stages.dpo.teacher="hf:tiny"', "stages.dpo.teacher_max_new_tokens=16"]
+    recipe = load_recipe("agentbench_ironguard", overrides=IRONGUARD_BUDGET + teacher, model="tiny")
     summary = run_recipe(recipe, tmp_path / "run", console=Console(quiet=True))
     result = summary["stages"]["dpo"]["result"]
+    asked = result["mining"]["teacher_rejected"] + result["mining"]["chosen_from"].get("teacher", 0)
+    assert asked > 0
     reasons = {"verbose", "loop", "format", "sql_error", "wrong_table", "answer_without_query"}
     assert result["steps"] == 2 and set(result["pairs_by_reason"]) <= reasons
     assert result["mining"]["episodes"] == 8  # 2 tasks x 2 samples in each env

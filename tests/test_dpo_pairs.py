@@ -263,3 +263,34 @@ def test_trajectory_that_does_not_replay_is_skipped(expert_trajectories, tasks):
     counts = MiningCounts()
     assert mine_dpo_pairs([traj], partial(make_env, "household"), {tasks[0].id: tasks[0]}, counts=counts) == []
     assert counts.not_replayable == 1
+
+
+def test_a_teacher_writes_chosen_replies_and_only_defect_free_ones_are_kept(tasks, defective_trajectories):
+    """The teacher is asked once for every decision point; a reply that replays without a defect becomes `chosen`
+    ("teacher"), one that does not (here: the teacher repeats the rejected reply, or writes garbage on odd points)
+    falls back to the sibling / expert reply and is counted."""
+    by_id = {t.id: t for t in tasks}
+    asked: list[int] = []
+
+    def teacher(points):
+        asked.append(len(points))
+        replies = []
+        for k, (task, history, _tools) in enumerate(points):
+            env = make_env("household")
+            env.reset(task)
+            for m in history:
+                if m.role == "assistant":
+                    env.step(env.format.parse(m.content))
+            replies.append(env.format.render(env.expert_reply()) if k % 2 == 0 else "I am not sure what to do.")
+        return replies
+
+    counts = MiningCounts()
+    pairs = mine_dpo_pairs(defective_trajectories, partial(make_env, "household"), by_id, counts=counts, teacher=teacher)
+    assert asked == [counts.defective_turns]  # one batch, every decision point
+    sources = {p.chosen_from for p in pairs}
+    assert "teacher" in sources and counts.teacher_rejected > 0
+    for pair in pairs:
+        env, _ = _step_history(pair, by_id[pair.task_id])
+        assert pair.chosen != pair.rejected and not isinstance(env.format.parse(pair.chosen), FormatError)
+    plain = mine_dpo_pairs(defective_trajectories, partial(make_env, "household"), by_id)
+    assert len(pairs) == len(plain)  # a failed teacher reply never loses a pair the other sources give

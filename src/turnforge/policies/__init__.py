@@ -12,6 +12,7 @@ __all__ = [
     "ExpertPolicy",
     "Generation",
     "Policy",
+    "MODEL_BACKENDS",
     "PolicySpec",
     "Prompt",
     "RandomPolicy",
@@ -21,7 +22,7 @@ __all__ = [
 ]
 
 _SCRIPTED = ("expert", "random")
-_MODEL_BACKENDS = ("hf", "vllm", "openai")
+MODEL_BACKENDS = ("hf", "vllm", "openai")
 _USAGE = "expert, random, replay:FILE, hf[:PATH], vllm[:PATH] or openai:URL[#MODEL]"
 
 
@@ -41,10 +42,15 @@ class PolicySpec:
     model: str | None = None
     """openai: the served model's name (`#name`)."""
 
+    @property
+    def text(self) -> str:
+        """The spec written back: `kind[:target][#model]`."""
+        return self.kind + (f":{self.target}" if self.target else "") + (f"#{self.model}" if self.model else "")
+
     @classmethod
     def parse(cls, text: str) -> PolicySpec:
         kind, _, rest = text.strip().partition(":")
-        if kind not in (*_SCRIPTED, "replay", *_MODEL_BACKENDS):
+        if kind not in (*_SCRIPTED, "replay", *MODEL_BACKENDS):
             raise ValueError(f"unknown policy {text!r}; use one of {_USAGE}")
         target, model = rest, None
         if kind == "openai" and "#" in rest:

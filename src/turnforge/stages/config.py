@@ -65,8 +65,12 @@ class RolloutStage(StageConfig, PlaysEnv):
     seed: int = 0
     temperature: float = Field(ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    """Sample from the k most likely tokens only; 0 = off."""
     max_new_tokens: int = Field(default=256, ge=1)
     """Tokens per assistant turn."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end a reply (kept in its text), besides the model's end-of-turn token."""
     max_turns: int | None = Field(default=None, ge=1)
     """Assistant turns per episode; unset = the env's own limit."""
     window: int | None = Field(default=None, ge=1)
@@ -81,7 +85,8 @@ class RolloutStage(StageConfig, PlaysEnv):
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens, seed=self.seed
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+            stop=list(self.stop), seed=self.seed,
         )
 
 

@@ -13,11 +13,12 @@ provenance), the per-reason counts in done.json, and the model trained by `turnf
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from turnforge.data.dpo_pairs import (
     MiningCounts,
@@ -25,13 +26,17 @@ from turnforge.data.dpo_pairs import (
     Pair,
     load_pairs,
     mine_dpo_pairs,
+    policy_teacher,
     reason_counts,
     save_pairs,
 )
 from turnforge.data.sources import holds_trajectories
 from turnforge.envs.base import get_env_spec, load_tasks, make_env
+from turnforge.models.tiny import resolve_model
+from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
+from turnforge.policies.base import Policy, SamplingParams
 from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
-from turnforge.stages.context import RunContext
+from turnforge.stages.context import MODELS_DIR, RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
 from turnforge.train.settings import DPOSettings
@@ -56,10 +61,26 @@ class _DPOStage(TrainStage):
     invalid_action, verbose, or an env's own); unset = all."""
     verbose_chars: int = Field(default=160, ge=0)
     """A valid reply is `verbose` when longer than its concise rendering by more than this many characters."""
+    teacher: str | None = None
+    """A model that writes the chosen replies (`hf:PATH`, `vllm:PATH`, `openai:URL#model`; the Iron Guard seed used
+    a Qwen3-30B teacher): asked at every mined decision point with the same history, its reply is kept only when
+    replaying it in the env shows no defect, else the sibling / expert reply is used. Unset = no teacher."""
+    teacher_temperature: float = Field(default=0.0, ge=0.0)
+    teacher_max_new_tokens: int = Field(default=256, ge=1)
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_is_a_model(cls, spec: str | None) -> str | None:
+        if spec is not None and PolicySpec.parse(spec).kind not in MODEL_BACKENDS:
+            raise ValueError(f"teacher {spec!r} is not a model; give hf:PATH, vllm:PATH or openai:URL[#model]")
+        return spec
 
     def settings(self) -> DPOSettings:
         """The `DPOSettings` this stage trains with."""
         return settings_of(self, DPOSettings)
+
+    def teacher_sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.teacher_temperature, max_new_tokens=self.teacher_max_new_tokens)
 
     @model_validator(mode="after")
     def _settings_are_valid(self) -> _DPOStage:
@@ -100,6 +121,7 @@ def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext
             "not_replayable": counts.not_replayable,
             "duplicates": counts.duplicates,
             "chosen_from": counts.chosen_from,
+            "teacher_rejected": counts.teacher_rejected,
         },
         **trained_model(stage_dir, ctx),
     }
@@ -111,6 +133,7 @@ def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCou
     A collect stage's trajectories replay in the env that stage played (its own `env` table, e.g. Iron
     Guard's SQL collect); trajectory files replay in the recipe's env."""
     settings = MiningSettings(verbose_chars=stage.verbose_chars, reasons=tuple(stage.reasons) if stage.reasons else None)
+    teacher = _teacher_policy(stage, ctx)
     mined: list[Pair] = []
     imported: list[Pair] = []
     for source in ctx.recipe.data_sources(index):
@@ -124,10 +147,23 @@ def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCou
         options = get_env_spec(env_name).coerce_options(raw_options)
         trajectories = read_trajectories(path)
         tasks = _tasks_of(trajectories, env_name, options)
-        mined += mine_dpo_pairs(trajectories, partial(make_env, env_name, **options), tasks, settings, counts)
+        env_factory = partial(make_env, env_name, **options)
+        writer = policy_teacher(teacher, stage.teacher_sampling(), env_factory) if teacher is not None else None
+        mined += mine_dpo_pairs(trajectories, env_factory, tasks, settings, counts, writer)
     if stage.reasons:
         imported = [p for p in imported if p.reason in stage.reasons]
     return mined + imported
+
+
+def _teacher_policy(stage: _DPOStage, ctx: RunContext) -> Policy | None:
+    """The stage's teacher as a policy; `hf:tiny` builds the tiny model into the run's models folder."""
+    if stage.teacher is None:
+        return None
+    spec = PolicySpec.parse(stage.teacher)
+    if spec.kind in ("hf", "vllm") and spec.target:
+        spec = replace(spec, target=resolve_model(spec.target, ctx.out_dir / MODELS_DIR))
+    options = {"device": ctx.recipe.model.device, "dtype": ctx.recipe.model.dtype} if spec.kind == "hf" else {}
+    return make_policy(spec.text, **options)
 
 
 def _tasks_of(trajectories: list[Trajectory], env_name: str, options: dict[str, Any]) -> dict[str, Task]:

@@ -188,7 +188,8 @@ class EpisodeRollouts:
         policy = self.policy_factory(self.trainer, model, self.tokenizer, s)
         self.calls += 1
         params = SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed + 7919 * self.calls
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+            seed=s.seed + 7919 * self.calls,
         )
         # Each run gets its own task copy id so that a task drawn twice in one batch stays two groups.
         width = max(n for _, n in runs)

@@ -231,6 +231,8 @@ class GRPOSettings:
     """Episodes whose last reply hit the token limit carry no loss (DAPO)."""
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    """Sample from the k most likely tokens only; 0 = off (TRL's GRPOConfig.top_k)."""
     max_new_tokens: int = 256
     """Tokens per assistant turn."""
     max_turns: int | None = None
@@ -264,6 +266,7 @@ class GRPOSettings:
             ("loss_type", self.loss_type in GRPO_LOSS_TYPES, " or ".join(GRPO_LOSS_TYPES)),
             ("scale_rewards", self.scale_rewards in SCALE_REWARDS, " or ".join(SCALE_REWARDS)),
             ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
+            ("top_k", self.top_k >= 0, "0 (off) or more"),
             ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
             ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
         ])
@@ -299,6 +302,7 @@ class GRPOSettings:
             "mask_truncated_completions": self.mask_truncated_completions,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "top_k": self.top_k,
             "max_completion_length": self.max_completion_length,
             "reward_weights": [weights[name] for name in COMPONENTS],
             "logging_steps": self.logging_steps,

@@ -6,9 +6,10 @@ replays each trajectory in a fresh env (the env is deterministic given the task 
 every assistant reply; a reply with a defect becomes `rejected`, and `chosen` is, at the same state:
   - for `verbose`: the same action written concisely (the Iron Guard seed's "concise thought + valid action"
     against "verbose, chatty");
+  - else, with a teacher model, the teacher's reply at the same history;
   - else a successful sibling episode's reply at an identical history (on-policy text), when one exists;
   - else the env's expert (`expert_reply()` after replaying the history).
-A chosen reply is itself stepped and judged; one with any defect is not used (the pair is dropped).
+A chosen reply is itself stepped and judged; one with any defect is not used (the next source is tried).
 
 Reasons (`REASONS`, most specific first) and how each is judged: `judging.py`.
 
@@ -35,7 +36,14 @@ from turnforge.data.dpo_pairs.judging import (
     is_loop,
     judge_reply,
 )
-from turnforge.data.dpo_pairs.mining import MiningCounts, mine_dpo_pairs, reason_counts, replay_trajectory
+from turnforge.data.dpo_pairs.mining import (
+    MiningCounts,
+    Teacher,
+    mine_dpo_pairs,
+    policy_teacher,
+    reason_counts,
+    replay_trajectory,
+)
 
 __all__ = [
     "PAIR_KEYS",
@@ -44,6 +52,7 @@ __all__ = [
     "MiningCounts",
     "MiningSettings",
     "Pair",
+    "Teacher",
     "claims_success",
     "is_loop",
     "judge_reply",
@@ -51,6 +60,7 @@ __all__ = [
     "mine_dpo_pairs",
     "pair_from_record",
     "pairs_dataset",
+    "policy_teacher",
     "reason_counts",
     "replay_trajectory",
     "save_pairs",

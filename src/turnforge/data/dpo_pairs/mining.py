@@ -5,9 +5,12 @@ every reply the policy wrote (`judging.judge_reply`); a reply with a defect beco
 the same state:
   - for `verbose`: the same action written concisely (the Iron Guard seed's "concise thought + valid action"
     against "verbose, chatty");
+  - else, with a `teacher` (a stronger model: the Iron Guard seed's pairs were written by a Qwen3-30B teacher),
+    the teacher's reply to the same history, all decision points asked in one batch;
   - else a successful sibling episode's reply at an identical history (on-policy text), when one exists;
   - else the env's expert (`expert_reply()` after replaying the history).
-A chosen reply is itself stepped and judged; one with any defect is not used (the pair is dropped).
+A chosen reply is itself stepped and judged; one with any defect is not used: the next source is tried (a
+teacher's reply that fails counts in `teacher_rejected`), and with none left the pair is dropped.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from turnforge.data.dpo_pairs.files import Pair
 from turnforge.data.dpo_pairs.judging import REASONS, Judged, MiningSettings, judge_reply
 from turnforge.envs.base import Env, SupportsExpert
+from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.types import Message, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,26 @@ class MiningCounts:
     duplicates: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
     chosen_from: dict[str, int] = field(default_factory=dict)
+    teacher_rejected: int = 0
+    """Teacher replies not kept: replayed in the env, they had a defect (or repeated the rejected reply)."""
+
+
+Teacher = Callable[[list[tuple[Task, list[Message], list[dict] | None]]], list[str]]
+"""Writes one reply per decision point (task, history up to the reply, tools): `policy_teacher(...)` over a policy."""
+
+
+def policy_teacher(policy: Policy, params: SamplingParams, env_factory: Callable[[], Env]) -> Teacher:
+    """A teacher over any policy backend (hf, vllm, openai): each decision point is a prompt of one batch."""
+
+    def write(points: list[tuple[Task, list[Message], list[dict] | None]]) -> list[str]:
+        env = env_factory()  # gives backends that write tool calls the env's format; never stepped
+        try:
+            prompts = [Prompt(messages=h, task=t, sample=0, turn=0, tools=tools, env=env) for t, h, tools in points]
+            return [g.text for g in policy.generate(prompts, params)] if prompts else []
+        finally:
+            env.close()
+
+    return write
 
 
 def _history_key(messages: list[Message]) -> str:
@@ -73,23 +97,29 @@ def _chosen_reply(
     task: Task,
     history: list[Judged],
     rejected: Judged,
-    sibling: str | None,
+    sources: list[tuple[str, str | None]],
     settings: MiningSettings,
+    counts: MiningCounts,
 ) -> tuple[str, str] | None:
-    """(chosen reply, where it came from) at the state after `history`, checked defect-free; None if none is."""
+    """(chosen reply, where it came from) at the state after `history`: the first of `sources` (teacher, sibling;
+    then the expert) whose reply is defect-free when stepped there; None if none is."""
     env, past = _replay(env_factory, task, [j.reply for j in history], settings)
     if rejected.defects == ["verbose"]:
         assert isinstance(rejected.parsed, Message)
-        candidate, source = env.format.render(rejected.parsed), "concise"
-    elif sibling is not None:
-        candidate, source = sibling, "sibling"
+        sources = [("concise", env.format.render(rejected.parsed))]
     elif isinstance(env, SupportsExpert):
-        candidate, source = env.format.render(env.expert_reply()), "expert"
-    else:
-        return None
-    if candidate == rejected.reply or judge_reply(env, candidate, past, settings).defects:
-        return None
-    return candidate, source
+        sources = [*sources, ("expert", None)]
+    for source, candidate in sources:
+        if source == "expert":
+            candidate = env.format.render(env.expert_reply())
+        if candidate is None:
+            continue
+        if candidate != rejected.reply and not judge_reply(env, candidate, past, settings).defects:
+            return candidate, source
+        if source == "teacher":
+            counts.teacher_rejected += 1
+        env, past = _replay(env_factory, task, [j.reply for j in history], settings)  # judging stepped it
+    return None
 
 
 def mine_dpo_pairs(
@@ -98,10 +128,12 @@ def mine_dpo_pairs(
     tasks: dict[str, Task],
     settings: MiningSettings | None = None,
     counts: MiningCounts | None = None,
+    teacher: Teacher | None = None,
 ) -> list[Pair]:
     """One pair per defective assistant reply of `trajectories` (see the module docstring); duplicates dropped.
 
-    `env_factory` builds the env the trajectories were collected in (same options); `tasks` maps task ids to tasks.
+    `env_factory` builds the env the trajectories were collected in (same options); `tasks` maps task ids to tasks;
+    `teacher`, when given, writes the first candidate chosen reply of every decision point (one batch).
     """
     settings = settings or MiningSettings()
     counts = counts if counts is not None else MiningCounts()
@@ -117,32 +149,36 @@ def mine_dpo_pairs(
             continue
         judged_all.append((traj, judged))
     siblings = _sibling_replies(judged_all)
-    pairs, seen = [], set()
+    points = []  # (trajectory, judged replies, index of the defective one)
     for traj, judged in judged_all:
-        starts = traj.reply_indices()
         counts.turns += len(judged)
         for n, j in enumerate(judged):
-            if not j.defects:
-                continue
-            counts.defective_turns += 1
-            reason = j.defects[0]
-            if settings.reasons is not None and reason not in settings.reasons:
-                continue
-            history = traj.messages[: starts[n]]
-            key = _history_key(history)
-            sibling = siblings.get(key)
-            picked = _chosen_reply(env_factory, tasks[traj.task_id], judged[:n], j, sibling, settings)
-            if picked is None:
-                counts.no_clean_chosen += 1
-                continue
-            if (key, j.reply) in seen:
-                counts.duplicates += 1
-                continue
-            seen.add((key, j.reply))
-            chosen, source = picked
-            pairs.append(Pair([m.to_dict() for m in history], chosen, j.reply, reason, traj.tools, traj.task_id, n, source))
-            counts.by_reason[reason] = counts.by_reason.get(reason, 0) + 1
-            counts.chosen_from[source] = counts.chosen_from.get(source, 0) + 1
+            if j.defects:
+                counts.defective_turns += 1
+                if settings.reasons is None or j.defects[0] in settings.reasons:
+                    points.append((traj, judged, n))
+    asked = [(tasks[t.task_id], t.messages[: t.reply_indices()[n]], t.tools) for t, _, n in points]
+    taught = teacher(asked) if teacher is not None else [None] * len(points)
+    if len(taught) != len(points):
+        raise RuntimeError(f"the DPO teacher wrote {len(taught)} replies for {len(points)} decision points")
+    pairs, seen = [], set()
+    for (traj, judged, n), teacher_reply in zip(points, taught, strict=True):
+        j, reason = judged[n], judged[n].defects[0]
+        history = traj.messages[: traj.reply_indices()[n]]
+        key = _history_key(history)
+        sources = [("teacher", teacher_reply), ("sibling", siblings.get(key))]
+        picked = _chosen_reply(env_factory, tasks[traj.task_id], judged[:n], j, sources, settings, counts)
+        if picked is None:
+            counts.no_clean_chosen += 1
+            continue
+        if (key, j.reply) in seen:
+            counts.duplicates += 1
+            continue
+        seen.add((key, j.reply))
+        chosen, source = picked
+        pairs.append(Pair([m.to_dict() for m in history], chosen, j.reply, reason, traj.tools, traj.task_id, n, source))
+        counts.by_reason[reason] = counts.by_reason.get(reason, 0) + 1
+        counts.chosen_from[source] = counts.chosen_from.get(source, 0) + 1
     return pairs
 
 
