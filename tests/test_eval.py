@@ -121,7 +121,7 @@ def test_cli_eval_runs_and_prints_the_table(tmp_path):
         (["--env-opt", "hints"], "not KEY=VALUE"),
         (["--env-opt", "colour=red"], "has no option 'colour'"),
         (["--env-opt", "grammar=0.9"], "not one of"),
-        (["--policy", "vllm", "--model", "Qwen/Qwen3-4B-Instruct-2507"], "not available in this version"),
+        (["--policy", "vllm", "--model", "Qwen/Qwen3-4B-Instruct-2507"], 'pip install "turnforge[vllm]"'),
         (["--policy", "hf", "--model", "/no/such/model"], "model folder /no/such/model does not exist"),
         (["--policy", "sometimes"], "unknown policy"),
         (["--split", "nope"], "has no split"),

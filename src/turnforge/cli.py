@@ -28,6 +28,7 @@ from turnforge.envs.household.cli import household_app
 from turnforge.eval.runner import run_eval
 from turnforge.eval.table import print_summary
 from turnforge.pipeline import print_comparison, run_recipe
+from turnforge.policies.base import BackendNotInstalled
 from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits
 
@@ -48,7 +49,7 @@ def _user_errors(command: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except (ValueError, NotImplementedError, FileNotFoundError) as e:
+        except (ValueError, NotImplementedError, FileNotFoundError, BackendNotInstalled) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(USAGE_ERROR) from None
 

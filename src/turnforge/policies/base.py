@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from turnforge.models.chat import ChatRenderer
 
 
+class BackendNotInstalled(ImportError):
+    """A policy backend whose package is not installed (the message says how to install it)."""
+
+
 @dataclass
 class SamplingParams:
     """Generation settings shared by every backend (scripted policies ignore most of them)."""

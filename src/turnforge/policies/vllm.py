@@ -25,7 +25,7 @@ import hashlib
 from typing import Any
 
 from turnforge.models.chat import ChatTemplateRenderer, window_messages
-from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.base import BackendNotInstalled, Generation, Prompt, SamplingParams
 from turnforge.policies.hf import _check_params, finish_generation
 
 INSTALL = 'vLLM is not installed: pip install "turnforge[vllm]" (it needs a CUDA GPU; on a CPU use --policy hf)'
@@ -36,7 +36,7 @@ def import_vllm():
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(f"{INSTALL} ({e})") from None
+        raise BackendNotInstalled(f"{INSTALL} ({e})") from None
     return vllm
 
 
