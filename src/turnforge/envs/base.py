@@ -84,6 +84,9 @@ class EnvOption:
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    at_least: float | None = None
+    """Smallest value that makes sense (numbers); a smaller one is an error before anything runs."""
+    at_most: float | None = None
 
 
 @dataclass
@@ -128,6 +131,10 @@ def _coerce(opt: EnvOption, value: Any, env: str) -> Any:
             raise ValueError(f"{where}: cannot read {value!r} as {opt.type.__name__}") from None
     if opt.choices is not None and str(value) not in opt.choices:
         raise ValueError(f"{where}: {value!r} is not one of {', '.join(opt.choices)}")
+    low, high = opt.at_least, opt.at_most
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"at least {low:g}" if high is None else f"at most {high:g}" if low is None else f"in {low:g}..{high:g}"
+        raise ValueError(f"{where}: {value!r} is out of range; it must be {span}")
     return value
 
 

@@ -58,7 +58,7 @@ SPEC = register_env(
             EnvOption("format", str, "tool_call", "tool_call (Qwen3 <tool_call> JSON) or bfcl_python ([f(a=1)])",
                       ("tool_call", "bfcl_python")),
             EnvOption("hints", bool, False, "on a failed call, append an actionable hint (Environment Tuning)"),
-            EnvOption("max_steps_per_turn", int, 20, "steps with calls per user turn; one more force-quits (BFCL: 20)"),
+            EnvOption("max_steps_per_turn", int, 20, "steps with calls per user turn; one more force-quits (BFCL: 20)", at_least=1),
             EnvOption("version", str, PINNED_VERSION, "bfcl-eval release the data must come from, or 'installed'"),
             EnvOption("split_seed", int, 0, "seed of the train/heldout halves of each category"),
         ],

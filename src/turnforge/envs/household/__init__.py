@@ -46,15 +46,15 @@ SPEC = register_env(
             EnvOption("hints", bool, False, "replace 'Nothing happens.' by an actionable correction"),
             EnvOption("admissible", bool, False, "append the admissible commands to each observation"),
             EnvOption("format", str, "act_line", "how the agent writes actions", tuple(list_formats())),
-            EnvOption("max_steps", int, 50, "steps before the episode ends (max_turns)"),
+            EnvOption("max_steps", int, 50, "steps before the episode ends (max_turns)", at_least=1),
             EnvOption("expert", str, "oracle", "scripted solver: oracle (knows where things are) or explorer "
                       "(searches like an agent; learnable by imitation)", ("oracle", "explorer")),
             EnvOption("seed", int, 0, "generator seed of the task splits"),
             EnvOption("step_delay_ms", int, 0, "each step sleeps this long: stands in for a slow env (a sandbox, "
-                      "a simulated user) in benchmarks and tests of the rollout engine"),
-            EnvOption("receptacles", float, 1.0, "scale of the number of receptacles per room"),
-            EnvOption("distractors", int, 8, "objects per room that are not part of the goal"),
-            EnvOption("closed", float, 1.0, "fraction of openable receptacles that start closed"),
+                      "a simulated user) in benchmarks and tests of the rollout engine", at_least=0),
+            EnvOption("receptacles", float, 1.0, "scale of the number of receptacles per room", at_least=0.1),
+            EnvOption("distractors", int, 8, "objects per room that are not part of the goal", at_least=0),
+            EnvOption("closed", float, 1.0, "fraction of openable receptacles that start closed", at_least=0, at_most=1),
         ],
     )
 )
@@ -83,7 +83,7 @@ ALFWORLD_SPEC = register_env(
         options=[
             EnvOption("data_dir", str, "", "folder of ALFWorld games (json_2.1.1/<split>/...) or an export"),
             EnvOption("format", str, "act_line", "how the agent writes actions", tuple(list_formats())),
-            EnvOption("max_steps", int, 50, "steps before the episode ends (max_turns)"),
+            EnvOption("max_steps", int, 50, "steps before the episode ends (max_turns)", at_least=1),
             EnvOption("planner", bool, True, "run ALFWorld's PDDL planner each step (needed by --policy expert)"),
         ],
     )

@@ -21,8 +21,8 @@ _EPISODE_OPTIONS = [
               "(execute_sql / commit_final_answer)", FORMATS),
     EnvOption("db_url", str, "", "database server (mysql://user:pw@host:port, postgresql://...); "
               "empty = SQLite in memory"),
-    EnvOption("max_rounds", int, 15, "SQL statements per episode (AgentBench dbbench.yaml: 15)"),
-    EnvOption("timeout", float, 10.0, "statement timeout in seconds"),
+    EnvOption("max_rounds", int, 15, "SQL statements per episode (AgentBench dbbench.yaml: 15)", at_least=1),
+    EnvOption("timeout", float, 10.0, "statement timeout in seconds", at_least=0.01),
     EnvOption("hints", bool, False, "answer an unparsable reply with a correction instead of ending the episode"),
 ]
 
@@ -79,7 +79,7 @@ SQL_SPEC = register_env(
         splits=SPLITS,
         env_metrics=agentbench_accuracies,
         options=[
-            EnvOption("generate", int, 200, "number of generated tasks in the split"),
+            EnvOption("generate", int, 200, "number of generated tasks in the split", at_least=1),
             EnvOption("seed", int, 0, "generator seed"),
             *_EPISODE_OPTIONS,
         ],
