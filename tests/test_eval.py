@@ -143,3 +143,13 @@ def test_replaying_a_dbbench_run_reproduces_its_score(tmp_path):
     replayed = run_eval("sql", {"generate": 12}, f"replay:{saved}", "train", None, 1, 0, tmp_path / "replayed")
     assert original["success"] == 1.0
     assert replayed["success"] == original["success"] and replayed["n_episodes"] == 6
+
+
+def test_a_replay_that_matches_no_selected_task_is_an_error(tmp_path):
+    """Issue 17: a replay file of other tasks used to give 0 % "gave_up" without a word."""
+    _eval(tmp_path / "original", policy="expert", n_tasks=2)
+    saved = tmp_path / "original" / "episodes.jsonl"
+    args = ["eval", "--env", "household", "--split", "train", "--policy", f"replay:{saved}", "--out", str(tmp_path / "r")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "holds replies for none of the" in result.output
+    assert "pass the run's --split" in result.output and not (tmp_path / "r" / "episodes.jsonl").exists()

@@ -259,12 +259,26 @@ def test_replay_reads_trajectories_and_reply_lines_and_names_bad_lines(tasks, tm
             ReplayPolicy(bad)
     with pytest.raises(ValueError, match="does not exist"):
         ReplayPolicy(tmp_path / "missing.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="holds no replies"):
+        ReplayPolicy(tmp_path / "empty.jsonl")
+
+
+def test_replay_accepts_openai_content_parts_and_rejects_other_contents(tasks, tmp_path):
+    """OpenAI messages may carry their text as content parts; an int content is refused at load, with FILE:LINE."""
+    parts = [{"type": "text", "text": "ACTION: "}, {"type": "text", "text": "look"}]
+    path = tmp_path / "parts.jsonl"
+    path.write_text(json.dumps({"task_id": tasks[0].id, "messages": [{"role": "assistant", "content": parts}]}) + "\n")
+    assert ReplayPolicy(path).replies[(tasks[0].id, 0)] == ["ACTION: look"]
+    path.write_text(json.dumps({"task_id": tasks[0].id, "messages": [{"role": "assistant", "content": 7}]}) + "\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:1: .*content a string or text parts"):
+        ReplayPolicy(path)
 
 
 def test_make_policy_specs(tmp_path):
     assert isinstance(make_policy("expert"), ExpertPolicy)
     assert make_policy("random", seed=7).seed == 7
-    (tmp_path / "r.jsonl").write_text("")
+    (tmp_path / "r.jsonl").write_text('{"task_id": "t", "replies": ["ACTION: look"]}\n')
     assert make_policy(f"replay:{tmp_path / 'r.jsonl'}").name == f"replay:{tmp_path / 'r.jsonl'}"
     with pytest.raises(NotImplementedError, match="not available in this version"):
         make_policy("openai:http://localhost:8000/v1", model="Qwen/Qwen3-4B-Instruct-2507")

@@ -117,13 +117,14 @@ def _select_tasks(
 ) -> list[Task]:
     """The first `n_tasks` of the split (stable order); without `n_tasks`, all, or a replay's own tasks."""
     tasks = load_tasks(env, split, limit=n_tasks, **options)
+    if isinstance(policy, ReplayPolicy) and not {t.id for t in tasks} & policy.task_ids:
+        raise ValueError(
+            f"{policy.path} holds replies for none of the {len(tasks)} selected tasks of env {env!r} split {split!r} "
+            f"(it has e.g. {sorted(policy.task_ids)[0]!r}); pass the run's --split, --tasks and --env-opt"
+        )
     if isinstance(policy, ReplayPolicy) and n_tasks is None:
         # A replay plays the tasks its file holds, so that it reproduces that run as it was.
         tasks = [t for t in tasks if t.id in policy.task_ids]
-        if not tasks:
-            raise ValueError(
-                f"{policy.path} holds no task of env {env!r} split {split!r}; pass the run's --split"
-            )
     return tasks
 
 

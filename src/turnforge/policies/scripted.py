@@ -142,6 +142,8 @@ def load_replies(path: Path) -> dict[tuple[str, int], list[str | Message]]:
                 "give each (task_id, sample) one line"
             )
         replies[key], seen_at[key] = texts, where
+    if not replies:
+        raise ValueError(f"replay file {path} holds no replies (an empty file?); {_EXPECTED}")
     return replies
 
 
@@ -152,7 +154,21 @@ def _assistant_reply(message: dict) -> str | Message:
         if not all(isinstance(c.name, str) and isinstance(c.arguments, dict) for c in parsed.tool_calls):
             raise ValueError("a tool call needs a name string and an arguments object")
         return parsed
-    return message.get("content") or ""
+    return text_content(message.get("content"))
+
+
+def text_content(content) -> str:
+    """A message's text: a string, None (empty), or an OpenAI content-part list (its text parts, joined).
+
+    >>> text_content([{"type": "text", "text": "ACTION: "}, {"type": "text", "text": "look"}])
+    'ACTION: look'
+    """
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        if all(isinstance(p.get("text"), str) for p in content):
+            return "".join(p["text"] for p in content)
+    raise ValueError(f"a message content must be a string or a list of text parts, got {type(content).__name__}")
 
 
 def _policy_replies(record: dict) -> list[dict]:
@@ -180,9 +196,10 @@ def _replay_record(record: dict, where: str) -> tuple[tuple[str, int], list[str 
     elif "messages" in record:
         try:
             texts = [_assistant_reply(m) for m in _policy_replies(record)]
-        except (TypeError, KeyError, AttributeError, ValueError):
+        except (TypeError, KeyError, AttributeError, ValueError) as e:
             raise ValueError(
-                f"{where}: messages must be a list of {{role, content}} objects (tool_calls: name + arguments)"
+                f"{where}: messages must be a list of {{role, content}} objects, content a string or text parts "
+                f"(tool_calls: name + arguments): {e}"
             ) from None
         return (record["task_id"], sample), texts
     else:
