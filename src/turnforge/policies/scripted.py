@@ -165,9 +165,9 @@ def text_content(content) -> str:
     """
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        if all(isinstance(p.get("text"), str) for p in content):
-            return "".join(p["text"] for p in content)
+    parts = isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content)
+    if parts and all(isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
     raise ValueError(f"a message content must be a string or a list of text parts, got {type(content).__name__}")
 
 
