@@ -153,3 +153,39 @@ def test_a_replay_that_matches_no_selected_task_is_an_error(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "holds replies for none of the" in result.output
     assert "pass the run's --split" in result.output and not (tmp_path / "r" / "episodes.jsonl").exists()
+
+
+def test_an_out_dir_is_used_by_one_process_and_a_killed_ones_lock_is_taken_over(tmp_path):
+    """Issue 17: two evals on one --out wrote every episode twice. The second now fails at once, naming the
+    holder; after the first is killed (SIGKILL), a rerun takes the lock over and resumes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cli = [sys.executable, "-c", "from turnforge.cli import app; app()"]
+    args = ["eval", "--env", "household", "--policy", "expert", "--tasks", "8", "--out", str(out),
+            "--env-opt", "step_delay_ms=150", "--limit-open", "2"]
+    first = subprocess.Popen([*cli, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "episodes.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        second = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2
+        assert f"in use by turnforge pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    third = runner.invoke(app, args)
+    assert third.exit_code == 0, third.output
+    assert sorted(e.task_id for e in _episodes(out)) == sorted({e.task_id for e in _episodes(out)})  # none twice
+    assert len(_episodes(out)) == 8
+
+
+def test_out_pointing_at_a_file_is_one_line(tmp_path):
+    target = tmp_path / "file.txt"
+    target.write_text("x")
+    result = runner.invoke(app, ["eval", "--env", "household", "--tasks", "1", "--out", str(target)])
+    assert result.exit_code == 2 and "is a file, not a folder" in result.output and "Traceback" not in result.output

@@ -40,6 +40,7 @@ from rich.console import Console
 
 from turnforge.eval.report import comparison_table, write_report
 from turnforge.recipes import Recipe, load_recipe
+from turnforge.rundir import check_out_dir, locked
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
 from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
 from turnforge.stages.context import STAGES_DIR
@@ -79,12 +80,19 @@ def run_recipe(
     console = console or Console()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     out = Path(out_dir)
+    check_out_dir(out)
     plans = plan_stages(recipe, out)
-    if restart_from is not None:
-        restart(plans, restart_from, out, console)
-    check_resumable(plans)
-    _warn_foreign_folders(plans, out, console)
-    out.mkdir(parents=True, exist_ok=True)
+    if restart_from is None:
+        check_resumable(plans)  # before the folder is made: a refused run leaves nothing behind
+    with locked(out):  # one process per run dir (a restart deletes stage folders: under the lock too)
+        if restart_from is not None:
+            restart(plans, restart_from, out, console)
+            check_resumable(plans)
+        _warn_foreign_folders(plans, out, console)
+        return _run_plans(recipe, plans, out, console)
+
+
+def _run_plans(recipe: Recipe, plans: list, out: Path, console: Console) -> dict[str, Any]:
     (out / CONFIG_FILE).write_text(recipe.to_toml(), encoding="utf-8")
 
     started = time.perf_counter()

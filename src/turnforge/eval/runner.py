@@ -25,6 +25,7 @@ from turnforge.policies import make_policy
 from turnforge.policies.base import Policy, SamplingParams
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
+from turnforge.rundir import check_out_dir, locked
 from turnforge.types import Task, Trajectory, read_trajectories
 
 RUN_FILE = "run.json"
@@ -75,40 +76,41 @@ def run_eval(
         "policy_options": {k: v for k, v in policy_options.items() if k not in ("batch_size", "device")},
     }
     out = Path(out_dir)
+    check_out_dir(out)
     check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
     tasks = _select_tasks(env, split, options, n_tasks, policy)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
-    episodes_path = out / EPISODES_FILE
-    previous = read_episodes(episodes_path)
+    with locked(out):  # one process per out dir: two evals would write every episode twice
+        (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+        episodes_path = out / EPISODES_FILE
+        previous = read_episodes(episodes_path)
 
-    started = time.perf_counter()
-    with episodes_path.open("a", encoding="utf-8") as sink:
-        new = run_episodes(
-            policy,
-            functools.partial(make_env, env, **options),
-            tasks,
-            samples,
-            limits,
-            params=params,
-            on_finish=functools.partial(append_episode, sink),
-            skip=frozenset(t.key for t in previous),
-            seed=seed,
-            renderer=policy.renderer,
+        started = time.perf_counter()
+        with episodes_path.open("a", encoding="utf-8") as sink:
+            new = run_episodes(
+                policy,
+                functools.partial(make_env, env, **options),
+                tasks,
+                samples,
+                limits,
+                params=params,
+                on_finish=functools.partial(append_episode, sink),
+                skip=frozenset(t.key for t in previous),
+                seed=seed,
+                renderer=policy.renderer,
+            )
+        episodes = _episodes_of(tasks, samples, previous + new)
+        summary = summarize(
+            episodes,
+            env=env,
+            split=split,
+            policy=policy_spec,
+            samples_per_task=samples,
+            wall_s=time.perf_counter() - started,  # this invocation's time; a resumed run counts only its own
         )
-    episodes = _episodes_of(tasks, samples, previous + new)
-    summary = summarize(
-        episodes,
-        env=env,
-        split=split,
-        policy=policy_spec,
-        samples_per_task=samples,
-        wall_s=time.perf_counter() - started,  # this invocation's time; a resumed run counts only its own
-    )
-    env_metrics = get_env_spec(env).env_metrics
-    if env_metrics is not None:
-        summary["env_metrics"] = env_metrics(episodes)
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        env_metrics = get_env_spec(env).env_metrics
+        if env_metrics is not None:
+            summary["env_metrics"] = env_metrics(episodes)
+        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 
 
