@@ -287,3 +287,21 @@ def test_a_trl_table_names_unknown_and_already_set_fields_with_the_other_errors(
     assert f"{path}:{sft_line}: stages.sft.trl: unknown field(s) of TRL's SFTConfig" in message
     assert "max_grad_nrom" in lines[1] and "learning_rate set by this stage's own settings" in lines[1]
     assert f"{path}:{_line(text, 'bogus')}: stages.grpo.trl: unknown field(s) of TRL's GRPOConfig" in message
+
+
+def test_check_reports_every_bad_training_value_at_its_own_key():
+    """Issue 17: learning_rate=-1, weight_decay=-3, epochs=-2 passed --check and failed minutes into the run, and
+    warmup_ratio=7 was blamed on the learning_rate flag. Now each is reported, all at once, against its own --set."""
+    from turnforge.recipes import load_recipe
+    from turnforge.recipes.loading import RecipeError
+
+    bad = ["stages.sft.learning_rate=-1", "stages.sft.weight_decay=-3", "stages.sft.epochs=-2",
+           "stages.sft.warmup_ratio=7", "stages.rft.train.learning_rate=-2", "stages.grpo.learning_rate=0"]
+    with pytest.raises(RecipeError) as caught:
+        load_recipe("quickstart", overrides=bad)
+    lines = str(caught.value).splitlines()[1:]
+    assert len(lines) == len(bad)
+    for pair in bad:
+        key = pair.split("=")[0]
+        [line] = [x for x in lines if x.strip().startswith(f"--set {pair}:")]
+        assert f": {key}: " in line and "expected" in line

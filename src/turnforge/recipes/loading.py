@@ -22,6 +22,7 @@ from turnforge.recipes.schema import EnvConfig, ModelConfig
 from turnforge.recipes.toml_text import Loc, key_line
 from turnforge.stages import stage_kind, stage_kinds
 from turnforge.stages.config import PlaysEnv, RolloutStage, TrainStage
+from turnforge.train.settings import SettingsError
 
 TOP_LEVEL_KEYS = ("name", "description", "model", "env", "stages")
 
@@ -347,6 +348,10 @@ class _Problems:
                 self.add(loc, "unknown key" + (allowed + known if known else ""))
             elif e["type"] == "missing":
                 self.add(loc, "required key is missing")
+            elif isinstance(e.get("ctx", {}).get("error"), SettingsError):
+                # A stage's settings checked together: each bad value at its own key (and its own --set).
+                for key, message in e["ctx"]["error"].problems:
+                    self.add((*loc, *(key if isinstance(key, tuple) else (key,))), message)
             else:
                 message = e["msg"].removeprefix("Value error, ")
                 shown = "" if isinstance(e["input"], dict) else f" (got {e['input']!r})"

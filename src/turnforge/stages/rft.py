@@ -25,7 +25,7 @@ from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
-from turnforge.train.settings import SFTSettings
+from turnforge.train.settings import SettingsError, SFTSettings
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,11 @@ class RFTStageConfig(RolloutStage, TrainStage):
 
     @model_validator(mode="after")
     def _train_is_valid(self) -> RFTStageConfig:
-        SFTSettingsTable.model_validate(self.train)  # unknown keys and bad values name the field
+        SFTSettingsTable.model_validate(self.train)  # unknown keys and bad types name the field
+        try:
+            self.settings()
+        except SettingsError as e:  # bad values, each at its key inside `train`
+            raise SettingsError(e.kind, [(("train", k) if isinstance(k, str) else ("train", *k), m) for k, m in e.problems]) from None
         return self
 
 

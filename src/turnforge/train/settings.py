@@ -32,11 +32,20 @@ GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
 
 
+class SettingsError(ValueError):
+    """Every bad value of one settings object, each with its field: the recipe loader reports each at its key."""
+
+    def __init__(self, kind: str, problems: list[tuple[str | tuple[str, ...], str]]):
+        """`problems`: (the field, or its key path inside a stage such as ("train", "learning_rate"), message)."""
+        self.kind, self.problems = kind, problems
+        super().__init__("; ".join(f"{kind} setting {message}" for _, message in problems))
+
+
 def check_settings(kind: str, settings: Any, checks: list[tuple[str, bool, str]]) -> None:
-    """Raise `ValueError("<kind> setting NAME=VALUE: expected ...")` for the first failed (name, ok, expected)."""
-    for name, ok, expected in checks:
-        if not ok:
-            raise ValueError(f"{kind} setting {name}={getattr(settings, name)!r}: expected {expected}")
+    """Raise a `SettingsError` ("<kind> setting NAME=VALUE: expected ...") naming every failed (name, ok, expected)."""
+    problems = [(name, f"{name}={getattr(settings, name)!r}: expected {expected}") for name, ok, expected in checks if not ok]
+    if problems:
+        raise SettingsError(kind, problems)
 
 
 def _save_kwargs(save_steps: int) -> dict[str, Any]:
@@ -106,20 +115,26 @@ class TrainerSettings:
     """Other fields of TRL's config, passed through unchanged (checked against that class's own fields)."""
 
     def __post_init__(self) -> None:
-        check_settings(self.KIND, self, [
+        check_settings(self.KIND, self, self._checks())
+        if isinstance(self.lora, dict):
+            self.lora = LoraSpec(**self.lora)
+
+    def _checks(self) -> list[tuple[str, bool, str]]:
+        """(field, valid?, what is expected): all of them are checked and reported together."""
+        return [
             ("batch_size", self.batch_size >= 1, "at least 1"),
             ("grad_accum", self.grad_accum >= 1, "at least 1"),
             ("max_length", self.max_length >= 1, "at least 1"),
             ("logging_steps", self.logging_steps >= 1, "at least 1"),
             ("max_steps", self.max_steps == -1 or self.max_steps >= 1, "-1 (run `epochs`) or at least 1"),
-            ("epochs", self.max_steps != -1 or self.epochs > 0, "more than 0 when max_steps is -1"),
+            ("epochs", self.epochs > 0, "more than 0"),
+            ("learning_rate", self.learning_rate > 0, "more than 0"),
+            ("weight_decay", self.weight_decay >= 0, "0 or more"),
             ("warmup_ratio", 0.0 <= self.warmup_ratio < 1.0, "a fraction in [0, 1)"),
             ("save_steps", self.save_steps >= 0, "0 (no checkpoints) or more"),
             ("report_to", self.report_to in REPORT_TO, " or ".join(REPORT_TO)),
             ("window", self.window is None or self.window >= 1, "None (all) or at least 1"),
-        ])
-        if isinstance(self.lora, dict):
-            self.lora = LoraSpec(**self.lora)
+        ]
 
     def trl_kwargs(self) -> dict[str, Any]:
         """The TRL config fields these settings set (the run-time and `trl` ones are added by `trl_config`)."""
@@ -155,11 +170,11 @@ class SFTSettings(TrainerSettings):
     max_examples: int | None = None
     """Train on the first N examples only (in input order, after fitting to `max_length`; reading stops there)."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_settings(self.KIND, self, [
+    def _checks(self) -> list[tuple[str, bool, str]]:
+        return [
+            *super()._checks(),
             ("max_examples", self.max_examples is None or self.max_examples >= 1, "None (all) or at least 1"),
-        ])
+        ]
 
     def trl_kwargs(self) -> dict[str, Any]:
         # completion_only_loss: labels = input_ids where completion_mask == 1, else -100 (TRL builds them).
@@ -187,14 +202,14 @@ class DPOSettings(TrainerSettings):
     max_pairs: int | None = None
     """Train on the first N pairs only (in input order)."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_settings(self.KIND, self, [
+    def _checks(self) -> list[tuple[str, bool, str]]:
+        return [
+            *(c for c in super()._checks() if c[0] != "max_length"),
             ("max_length", self.max_length >= 2, "at least 2"),
             ("beta", self.beta > 0, "more than 0"),
             ("loss_type", self.loss_type in DPO_LOSS_TYPES, " or ".join(DPO_LOSS_TYPES)),
             ("max_pairs", self.max_pairs is None or self.max_pairs >= 1, "None (all) or at least 1"),
-        ])
+        ]
 
     def trl_kwargs(self) -> dict[str, Any]:
         return {**super().trl_kwargs(), "beta": self.beta, "loss_type": [self.loss_type]}
@@ -265,6 +280,10 @@ class GRPOSettings:
             ("num_generations", self.num_generations >= 2, "at least 2 (a group needs a baseline)"),
             ("loss_type", self.loss_type in GRPO_LOSS_TYPES, " or ".join(GRPO_LOSS_TYPES)),
             ("scale_rewards", self.scale_rewards in SCALE_REWARDS, " or ".join(SCALE_REWARDS)),
+            ("learning_rate", self.learning_rate > 0, "more than 0"),
+            ("temperature", self.temperature >= 0, "0 (greedy) or more"),
+            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("epsilon", self.epsilon >= 0, "0 or more"),
             ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
             ("top_k", self.top_k >= 0, "0 (off) or more"),
             ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
