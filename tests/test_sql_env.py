@@ -295,3 +295,30 @@ def test_expert_rollout_records_defects_free_turns():
     trajs = run_episodes(ExpertPolicy(), lambda: make_env("sql"), tasks, 1, RolloutLimits())
     assert all(t.score.success for t in trajs)
     assert all(len(t.turns) == 2 for t in trajs)
+
+
+@needs_dev
+def test_a_malformed_item_fails_its_own_episode_and_the_rest_of_the_file_runs(tmp_path):
+    """Issue 17: AgentBench's standard.jsonl has items with a row shorter than the columns (or empty); the whole
+    file was refused. As in AgentBench, the table is created empty, the setup error is recorded in that episode's
+    details and counted, and every other item runs."""
+    from turnforge.eval.runner import run_eval
+    from turnforge.types import Trajectory
+
+    lines = DEV.read_text().splitlines()[:6]
+    broken = [json.loads(line) for line in lines]
+    broken[1]["table"]["table_info"]["rows"][0] = broken[1]["table"]["table_info"]["rows"][0][:-1]
+    broken[3]["table"]["table_info"]["rows"].append([])
+    data = tmp_path / "six.jsonl"
+    data.write_text("".join(json.dumps(entry) + "\n" for entry in broken))
+    summary = run_eval("dbbench", {"data": str(data)}, "expert", "dev", None, 1, 0, tmp_path / "run")
+    episodes = [Trajectory.from_json(x) for x in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    errors = {e.task_id: e.score.details.get("setup_error") for e in episodes}
+    assert "Column count doesn't match value count at row 1" in errors["six-0001"]
+    assert "Column count doesn't match value count" in errors["six-0003"]
+    assert sorted(k for k, v in errors.items() if v) == ["six-0001", "six-0003"]
+    assert all(e.score.success for e in episodes if not errors[e.task_id])
+    assert summary["env_metrics"]["setup_errors"] == 2 and summary["n_episodes"] == 6
+    with pytest.raises(ValueError, match=r"six.jsonl:2: not valid JSON"):  # a broken FILE is still an error
+        data.write_text(lines[0] + "\n{not json\n")
+        load_tasks("dbbench", "dev", data=str(data))

@@ -97,6 +97,18 @@ def create_table_sql(table: Table, dialect: str) -> tuple[str, str]:
     return f"CREATE TABLE {name} ({cols})", f"INSERT INTO {name} ({names}) VALUES ({values})"
 
 
+def row_count_error(table: Table) -> str | None:
+    """MySQL's error for a row whose value count is not the column count, else None.
+
+    AgentBench inserts all rows in ONE statement, so one bad row (standard.jsonl has two such items) leaves the
+    table created but empty, and the episode goes on with the error ignored; every backend does the same.
+    """
+    for i, row in enumerate(table.rows, start=1):
+        if len(row) != len(table.columns):
+            return f"1136 (21S01): Column count doesn't match value count at row {i}"
+    return None
+
+
 def table_values(table: Table) -> list[tuple]:
     """Rows as text (None stays NULL): the same stored values on every backend."""
     return [tuple(None if v is None else str(v) for v in row) for row in table.rows]
@@ -124,6 +136,8 @@ class SQLiteBackend:
         create, insert = create_table_sql(table, self.dialect)
         try:
             self.conn.execute(create)
+            if (bad_rows := row_count_error(table)) is not None:
+                return bad_rows
             self.conn.executemany(insert, table_values(table))
         except sqlite3.Error as e:
             return str(e)

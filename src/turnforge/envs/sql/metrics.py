@@ -27,6 +27,7 @@ def agentbench_accuracies(trajectories: Iterable[Trajectory]) -> dict[str, float
     >>> acc["SELECT_accuracy"], acc["overall_cat_accuracy"]
     (0.5, 0.5)
     """
+    trajectories = list(trajectories)
     outcomes: dict[str, list[bool]] = defaultdict(list)
     for t in trajectories:
         outcomes[t.category].append(t.score.success)
@@ -36,4 +37,6 @@ def agentbench_accuracies(trajectories: Iterable[Trajectory]) -> dict[str, float
     buckets = [accuracy.get(f"{k}_accuracy", 0.0) for k in (SELECT, "INSERT", "UPDATE")]
     # AgentBench: a missing bucket counts 0 (it warns "does not exist" and returns 0).
     accuracy["overall_cat_accuracy"] = sum(buckets) / 3
+    # Items whose table could not be set up (e.g. a row with too few values) still count, as in AgentBench.
+    accuracy["setup_errors"] = sum(1 for t in trajectories if t.score.details.get("setup_error"))
     return accuracy

@@ -15,6 +15,7 @@ from turnforge.envs.sql.backends import (
     episode_name,
     fetch_for_observation,
     quote,
+    row_count_error,
     table_values,
     url_parts,
 )
@@ -69,6 +70,8 @@ class MySqlBackend:
             self.conn.select_db(self.database)
             try:  # AgentBench ignores a failing setup (e.g. an empty column name MySQL refuses)
                 cursor.execute(create)
+                if (bad_rows := row_count_error(table)) is not None:
+                    return bad_rows
                 cursor.executemany(insert, table_values(table))
             except self.pymysql.Error as e:
                 return str(e)
@@ -148,6 +151,8 @@ class PostgresBackend:
             cursor.execute(f"SET statement_timeout = {int(self.timeout * 1000)}")
             try:  # as AgentBench, a failing setup leaves the episode without its table
                 cursor.execute(create)
+                if (bad_rows := row_count_error(table)) is not None:
+                    return bad_rows
                 cursor.executemany(insert, table_values(table))
             except self.psycopg.Error as e:
                 return str(e).strip()
