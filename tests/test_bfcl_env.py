@@ -202,3 +202,19 @@ def test_replay_of_saved_tool_call_messages_rescores_them(tmp_path):
         assert [t.score.details["turns_correct"] for t in trajs] == [1, 0]
         assert all(t.stop_reason == StopReason.gave_up for t in trajs)  # replies ran out after turn 0
     assert len(gt) == 4
+
+
+def test_a_runaway_math_call_ends_its_episode_with_timeout_and_not_the_run():
+    """Issue 17: `power(10, 10**12)` / `square_root(2, precision=10**9)` hung a whole eval. MathAPI calls now run
+    in a child process with a time and memory cap: past the time the episode ends (timeout); the next episode,
+    and its calls, work."""
+    task = next(t for t in load_tasks("bfcl", "test", category="all") if "MathAPI" in t.data["involved_classes"])
+    env = make_env("bfcl", call_timeout=1.0)
+    env.reset(task)
+    out = env.step(_calls(("power", {"base": 10, "exponent": 10**12})))
+    assert out.done and out.stop is StopReason.timeout and "past its 1 s limit" in out.messages[0].content
+    score = env.score()
+    assert not score.success and score.details["timed_out"]
+    env.reset(task)
+    out = env.step(_calls(("add", {"a": 2, "b": 3})))
+    assert json.loads(out.messages[0].content) == {"result": 5} and not out.done

@@ -31,6 +31,7 @@ from turnforge.envs.bfcl.execution import (
     parse_call_string,
 )
 from turnforge.envs.bfcl.hints import hint_for
+from turnforge.envs.bfcl.isolation import TIMEOUT_S
 from turnforge.envs.bfcl.tools import docs_by_class, entry_docs, tool_schema
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
@@ -72,12 +73,14 @@ class BfclEnv:
         hints: bool = False,
         max_steps_per_turn: int = MAXIMUM_STEP_LIMIT,
         version: str = PINNED_VERSION,
+        call_timeout: float = TIMEOUT_S,
         **_task_options: Any,
     ):
         self.format = _env_format(format)
         self.hints = hints
         self.max_steps_per_turn = max_steps_per_turn
         self.version = version
+        self.call_timeout = call_timeout
 
     # ---- Env protocol --------------------------------------------------------------------------------
 
@@ -95,7 +98,7 @@ class BfclEnv:
         self.model_results: list[str] = []  # every model call's result, all turns (the checker's list)
         self.verdicts: list[checking.TurnVerdict] = []
         self.steps = self.steps_in_turn = self.format_errors = self.failed_calls = 0
-        self.force_quit = self.finished = False
+        self.force_quit = self.finished = self.timed_out = False
         return [Message("system", self._system_text()), *self._user_messages(0)]
 
     def close(self) -> None:
@@ -118,13 +121,16 @@ class BfclEnv:
             return self._after_step([Message("user", text)], {"hint": text})
         if not reply.tool_calls:
             return self._end_turn()
-        outcomes = [execute(call, self.model_methods) for call in reply.tool_calls]
+        outcomes = [execute(call, self.model_methods, self.call_timeout) for call in reply.tool_calls]
         self.turn_steps[self.turn].append([call_string(o.call) for o in outcomes])
         self.model_results += [o.result for o in outcomes]
         hints = [self._hint(o) for o in outcomes]
         self.failed_calls += sum(o.error is not None for o in outcomes)
         observation = [self._tool_message(o, h) for o, h in zip(outcomes, hints, strict=True)]
         info = {"hint": "\n".join(h for h in hints if h)} if any(hints) else {}
+        if any(o.timed_out for o in outcomes):  # a runaway computation ends the episode, never the run
+            self.finished = self.timed_out = True
+            return StepResult(observation, 0.0, True, StopReason.timeout, {"progress": self.progress, **info})
         return self._after_step(observation, info)
 
     def score(self) -> Score:
@@ -152,6 +158,7 @@ class BfclEnv:
                 "failed_calls": self.failed_calls,
                 "format_errors": self.format_errors,
                 "force_quit": self.force_quit,
+                "timed_out": self.timed_out,
                 "model_calls": self.turn_steps,
             },
         )

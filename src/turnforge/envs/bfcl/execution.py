@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from turnforge.envs.bfcl.isolation import TIMEOUT_S, call_isolated
 from turnforge.types import ToolCall
 
 _MODULE_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code."
@@ -48,6 +49,7 @@ class CallOutcome:
     result: str
     error: str | None = None  # the Python exception message, or the class's {"error": ...} text
     raised: bool = False  # True when the method raised (or the call could not be made at all)
+    timed_out: bool = False  # an isolated call ran past its limit: the env ends the episode
 
 
 def is_long_context(entry_id: str) -> bool:
@@ -96,19 +98,30 @@ def result_string(value: Any) -> str:
     return str(value)
 
 
-def execute(call: ToolCall, methods: dict[str, Callable[..., Any]]) -> CallOutcome:
-    """Run one call; never raises (BFCL turns every exception into an error string)."""
+def execute(call: ToolCall, methods: dict[str, Callable[..., Any]], timeout_s: float = TIMEOUT_S) -> CallOutcome:
+    """Run one call; never raises (BFCL turns every exception into an error string). Calls of stateless classes
+    run isolated (`isolation.py`), at most `timeout_s` seconds."""
     method = methods.get(call.name)
     if method is None or call.name in REFUSED_NAMES:
         # What BFCL's eval answers for a name that is no method of an involved class.
         message = f"name '{call.name}' is not defined"
         return CallOutcome(call, f"Error during execution: {message}", message, raised=True)
-    try:
-        # Fresh argument objects, as BFCL's eval of a call string makes: classes keep them in their state
-        # (post_tweet stores `mentions`, mention() extends it), which must not reach back into the reply.
-        value = method(**copy.deepcopy(call.arguments))
-    except Exception as e:
-        return CallOutcome(call, f"Error during execution: {e}", str(e), raised=True)
+    owner = type(method.__self__)
+    if owner.__name__ in STATELESS_CLASSES:  # model-controlled arithmetic: time- and memory-bounded elsewhere
+        done = call_isolated(owner.__module__, owner.__name__, call.name, call.arguments, timeout_s)
+        if done.timed_out:
+            message = f"the call ran past its {timeout_s:g} s limit"
+            return CallOutcome(call, f"Error during execution: {message}", message, raised=True, timed_out=True)
+        if done.error is not None:
+            return CallOutcome(call, f"Error during execution: {done.error}", done.error, raised=True)
+        value = done.value
+    else:
+        try:
+            # Fresh argument objects, as BFCL's eval of a call string makes: classes keep them in their state
+            # (post_tweet stores `mentions`, mention() extends it), which must not reach back into the reply.
+            value = method(**copy.deepcopy(call.arguments))
+        except Exception as e:
+            return CallOutcome(call, f"Error during execution: {e}", str(e), raised=True)
     result = result_string(value)
     error = value.get("error") if type(value) is dict else None
     return CallOutcome(call, result, str(error) if error is not None else None)
