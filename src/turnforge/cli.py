@@ -118,6 +118,10 @@ def eval_command(
     concurrency: Annotated[
         int, typer.Option(help="Requests in flight at once, for server policies (openai:URL).")
     ] = 8,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a server request may take (openai:URL).")] = 120.0,
+    max_retries: Annotated[
+        int, typer.Option(help="Retries of a failed server request (429, 5xx, timeouts, no connection).")
+    ] = 5,
     api_key_env: Annotated[
         str | None, typer.Option(help="Environment variable holding the server's API key (default OPENAI_API_KEY).")
     ] = None,
@@ -126,7 +130,8 @@ def eval_command(
     kind = PolicySpec.parse(policy).kind
     policy_options: dict[str, Any] = {}
     if kind == "openai":
-        policy_options = {"concurrency": concurrency, "api_key_env": api_key_env}
+        policy_options = {"concurrency": concurrency, "api_key_env": api_key_env,
+                          "request_timeout": request_timeout, "max_retries": max_retries}
     elif api_key_env is not None:
         raise ValueError(f"--api-key-env is for server policies (openai:URL), not {policy!r}")
     summary = run_eval(
