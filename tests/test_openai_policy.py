@@ -255,3 +255,21 @@ def test_the_api_key_comes_from_the_environment(serve_script, monkeypatch):
     assert headers["authorization"] == "Bearer sk-from-env"
     with pytest.raises(ValueError, match="NOT_SET_ANYWHERE is not set"):
         _policy(url, api_key_env="NOT_SET_ANYWHERE")
+
+
+def test_eval_sampling_flags_reach_the_server_and_summary_and_greedy_samples_warn(serve_script, tmp_path):
+    server, url = serve_script(("ok", completion()))
+    args = ["eval", "--env", "household", "--tasks", "1", "--max-turns", "1", "--policy", f"openai:{url}#m",
+            "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--max-new-tokens", "7", "--stop", "\n",
+            "--stop", "END", "--seed", "3", "--out", str(tmp_path / "sampled")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "sampled" / "summary.json").read_text())
+    assert summary["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "max_new_tokens": 7,
+                                   "stop": ["\n", "END"], "seed": 3}
+    sent = server.requests[-1]
+    assert (sent["temperature"], sent["top_p"], sent["max_tokens"], sent["stop"]) == (0.7, 0.9, 7, ["\n", "END"])
+    assert sent["top_k"] == 5 and sent["include_stop_str_in_output"] and sent["return_token_ids"]
+    with pytest.warns(UserWarning, match="2 identical episodes per task"):
+        run_eval("household", {}, f"openai:{url}#m", "test", 1, 2, 0, tmp_path / "greedy",
+                 limits=RolloutLimits(max_turns=1), params=SamplingParams(temperature=0.0), policy_options=FAST)
