@@ -266,9 +266,14 @@ def test_make_policy_specs(tmp_path):
     assert make_policy("random", seed=7).seed == 7
     (tmp_path / "r.jsonl").write_text("")
     assert make_policy(f"replay:{tmp_path / 'r.jsonl'}").name == f"replay:{tmp_path / 'r.jsonl'}"
-    for spec in ("vllm", "openai:http://localhost:8000/v1"):
-        with pytest.raises(NotImplementedError, match="not available in this version"):
-            make_policy(spec, model="Qwen/Qwen3-4B-Instruct-2507")
+    with pytest.raises(NotImplementedError, match="not available in this version"):
+        make_policy("vllm", model="Qwen/Qwen3-4B-Instruct-2507")
+    # issue 14: openai:URL is a policy now (a named model needs no request to build it)
+    served = make_policy("openai:http://localhost:8000/v1", model="Qwen/Qwen3-4B-Instruct-2507", concurrency=4)
+    assert (served.name, served.model, served.max_in_flight, served.renderer) == (
+        "openai", "Qwen/Qwen3-4B-Instruct-2507", 4, None)
+    with pytest.raises(ValueError, match="does not take window"):
+        make_policy("openai:http://localhost:8000/v1#m", window=2)
     for spec, message in [
         ("hf", "needs a model"),
         ("replay", "needs a file"),
