@@ -15,6 +15,7 @@ ISSUE_KEYS = {
     "env", "split", "policy", "n_tasks", "samples_per_task", "n_episodes", "success", "success_ci",
     "pass@k", "pass^k", "mean_reward", "mean_progress", "mean_turns", "stop_reasons", "by_category",
     "wall_s", "env_steps", "tokens_generated",
+    "sampling",  # issue 14: the sampling settings of the run
 }  # fmt: skip
 
 

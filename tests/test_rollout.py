@@ -280,8 +280,12 @@ def test_make_policy_specs(tmp_path):
     assert make_policy("random", seed=7).seed == 7
     (tmp_path / "r.jsonl").write_text('{"task_id": "t", "replies": ["ACTION: look"]}\n')
     assert make_policy(f"replay:{tmp_path / 'r.jsonl'}").name == f"replay:{tmp_path / 'r.jsonl'}"
-    with pytest.raises(NotImplementedError, match="not available in this version"):
-        make_policy("openai:http://localhost:8000/v1", model="Qwen/Qwen3-4B-Instruct-2507")
+    # issue 14: openai:URL is a policy now (a named model needs no request to build it)
+    served = make_policy("openai:http://localhost:8000/v1", model="Qwen/Qwen3-4B-Instruct-2507", concurrency=4)
+    assert (served.name, served.model, served.max_in_flight, served.renderer) == (
+        "openai", "Qwen/Qwen3-4B-Instruct-2507", 4, None)
+    with pytest.raises(ValueError, match="does not take window"):
+        make_policy("openai:http://localhost:8000/v1#m", window=2)
     pytest.importorskip("torch")
     try:
         import vllm  # noqa: F401

@@ -71,6 +71,8 @@ def test_greedy_and_seeded_hf_episodes_equal_the_lockstep_loop(tiny_model_dir, t
 class WaitsForAnother(HouseholdEnv):
     """Task `waiter`'s first step blocks until task `other` has finished: a lock-step loop would never end."""
 
+    blocks = True  # it says its steps may wait, so the rollout runs them in worker threads
+
     def __init__(self, waiter: str, released: threading.Event):
         super().__init__()
         self.waiter, self.released = waiter, released

@@ -6,6 +6,9 @@
     turnforge eval --env household --policy expert --split test --tasks 200 --out runs/expert
     turnforge eval --env household --policy random --split test --tasks 200 --samples 4 --out runs/random
     turnforge eval --env household --policy replay:runs/expert/episodes.jsonl --out runs/replayed
+    turnforge eval --env household --policy hf --model M --temperature 1.0 --top-p 0.95 --samples 8 --out runs/pass8
+    turnforge serve --model runs/qs/stages/02-sft/model --port 8000
+    turnforge eval --env household --policy openai:http://127.0.0.1:8000/v1 --concurrency 16 --out runs/via-http
 
 Bad input ends with a one-line `error: ...` on stderr and exit code 2, never a traceback.
 """
@@ -28,7 +31,8 @@ from turnforge.envs.household.cli import household_app
 from turnforge.eval.runner import run_eval
 from turnforge.eval.table import print_summary
 from turnforge.pipeline import print_comparison, run_recipe
-from turnforge.policies.base import BackendNotInstalled
+from turnforge.policies import BackendError, PolicySpec
+from turnforge.policies.base import BackendNotInstalled, SamplingParams
 from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits
 
@@ -40,10 +44,12 @@ app = typer.Typer(
 app.add_typer(household_app, name="household")
 
 USAGE_ERROR = 2  # the exit code click uses for bad usage; scripts can tell it from a crash (1)
+BACKEND_ERROR = 1  # a model server failed mid-run (the episodes finished so far are kept)
 
 
 def _user_errors(command: Callable) -> Callable:
-    """Turn the library's input errors into `error: ...` + exit 2 instead of a traceback."""
+    """Turn the library's input errors into `error: ...` + exit 2, and a failing model server into
+    `error: ...` + exit 1, instead of a traceback."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -52,6 +58,9 @@ def _user_errors(command: Callable) -> Callable:
         except (ValueError, NotImplementedError, FileNotFoundError, BackendNotInstalled) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(USAGE_ERROR) from None
+        except BackendError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(BACKEND_ERROR) from None
 
     return wrapper
 
@@ -101,8 +110,30 @@ def eval_command(
         int | None, typer.Option(help="Turn limit per episode (default: the env's).")
     ] = None,
     limit_open: Annotated[int, typer.Option(help="Episodes open at once (the generate batch).")] = 64,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling: keep the smallest set of tokens of this mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens; 0 = off.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per assistant turn at most.")] = 256,
+    stop: Annotated[list[str] | None, typer.Option(help="A stop string (the reply ends after it); repeatable.")] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="Requests in flight at once, for server policies (openai:URL).")
+    ] = 8,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a server request may take (openai:URL).")] = 120.0,
+    max_retries: Annotated[
+        int, typer.Option(help="Retries of a failed server request (429, 5xx, timeouts, no connection).")
+    ] = 5,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="Environment variable holding the server's API key (default OPENAI_API_KEY).")
+    ] = None,
 ) -> None:
     """Evaluate a policy; writes OUT/episodes.jsonl and OUT/summary.json and prints the table."""
+    kind = PolicySpec.parse(policy).kind
+    policy_options: dict[str, Any] = {}
+    if kind == "openai":
+        policy_options = {"concurrency": concurrency, "api_key_env": api_key_env,
+                          "request_timeout": request_timeout, "max_retries": max_retries}
+    elif api_key_env is not None:
+        raise ValueError(f"--api-key-env is for server policies (openai:URL), not {policy!r}")
     summary = run_eval(
         env=env,
         env_options=parse_env_options(env_opt or []),
@@ -114,6 +145,9 @@ def eval_command(
         out_dir=out,
         model=model,
         limits=RolloutLimits(max_turns=max_turns, max_open=limit_open),
+        params=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                              stop=list(stop or []), seed=seed),
+        policy_options=policy_options,
     )
     print_summary(summary)
     typer.echo(f"wrote {out / 'summary.json'} and {out / 'episodes.jsonl'}")
@@ -159,3 +193,45 @@ def quickstart(
 ) -> None:
     """Tiny model on CPU in minutes: expert data -> SFT -> evaluation before/after (`run quickstart`)."""
     run_command("quickstart", out=out, model=model, set_=set_, restart_from=None, check=False)
+
+
+@app.command()
+@_user_errors
+def serve(
+    model: Annotated[str, typer.Option(help="Model folder or hub id, served under --name.")],
+    name: Annotated[str | None, typer.Option(help="The model's name in requests (default: --model as given).")] = None,
+    adapter: Annotated[
+        list[str] | None, typer.Option(help="A LoRA adapter served as model NAME: NAME=PATH; repeatable.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one (printed).")] = 8000,
+    max_batch: Annotated[int, typer.Option(help="Prompts per batched generate call at most.")] = 64,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+) -> None:
+    """OpenAI-compatible server over the hf backend: /v1/models, /v1/chat/completions (batched, tool calls)."""
+    try:
+        from turnforge.policies.serve import ServedModel
+        from turnforge.policies.serve import serve as run_server
+    except ImportError as e:
+        raise ValueError(f"turnforge serve needs FastAPI and uvicorn ({e}): pip install 'turnforge[serve]'") from None
+
+    if max_batch < 1:
+        raise ValueError(f"--max-batch must be at least 1, got {max_batch}")
+    adapters = parse_adapters(adapter or [])
+    served = ServedModel(model, name=name, adapters=adapters, device=device, dtype=dtype)
+    run_server(served, host=host, port=port, max_batch=max_batch,
+               on_ready=lambda url: typer.echo(f"serving {', '.join(served.names)} at {url} (Ctrl-C stops)"))
+
+
+def parse_adapters(pairs: list[str]) -> dict[str, str]:
+    """["dpo=runs/x/model"] -> {"dpo": "runs/x/model"}."""
+    adapters = {}
+    for pair in pairs:
+        adapter_name, sep, path = pair.partition("=")
+        if not sep or not adapter_name.strip() or not path.strip():
+            raise ValueError(f"--adapter {pair!r} is not NAME=PATH (e.g. --adapter dpo=runs/ig/stages/04-dpo/model)")
+        if adapter_name.strip() in adapters:
+            raise ValueError(f"--adapter {adapter_name.strip()!r} is given twice")
+        adapters[adapter_name.strip()] = path.strip()
+    return adapters

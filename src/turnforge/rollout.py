@@ -64,9 +64,10 @@ class RolloutLimits:
     max_open: int = 64
     """Episodes alive at once = the largest batch of a `generate` call."""
     env_workers: int | None = None
-    """Threads that run env calls: None = one per open episode; 0 = inline on the event loop (fastest for
-    envs that answer in microseconds, but a slow step then stalls every episode; envs with model roles
-    cannot run inline); N = a pool of N threads."""
+    """Where env calls run. None: the calls of envs that may wait (`env.blocks`: SQL servers, sandboxes, slow
+    steps; or envs with model roles) in a pool of one thread per open episode, the others inline on the event
+    loop (microsecond envs: no thread hop, and batches that never depend on thread timing). 0: all inline
+    (envs with model roles cannot run so). N: all in a pool of N threads."""
     max_total_tokens: int | None = None
     """Cap on an episode's tokens -> StopReason.max_tokens: its whole id sequence (prompt + generated +
     observations) when token-exact (with a history window: the next windowed prompt), else its generated
@@ -244,13 +245,13 @@ class _Run:
 
     async def play_episode(self, ep: _Episode) -> Trajectory:
         """One episode, start to end: reset -> (generate -> parse -> step)* -> score."""
-        ep.env = self.idle_envs.pop() if self.idle_envs else None
-        await self.env_call(self.reset, ep)
+        ep.env = self.idle_envs.pop() if self.idle_envs else self.make_env(ep)
+        await self.env_call(ep, self.reset, ep)
         while not ep.closed:
             gen, share = await self.queues.generate("agent", self.prompt(ep), ep.order)
             ep.generate_s += share  # each episode carries its share of the batched call
-            await self.env_call(_step, ep, gen, self.limits, self.renderer)
-        traj = await self.env_call(_to_trajectory, ep, self.seed, self.policy.name)
+            await self.env_call(ep, _step, ep, gen, self.limits, self.renderer)
+        traj = await self.env_call(ep, _to_trajectory, ep, self.seed, self.policy.name)
         if ep.error is None:
             self.idle_envs.append(ep.env)
         elif ep.env is not None:  # an env that raised is not reused
@@ -259,14 +260,19 @@ class _Run:
         self.queues.release([(ep.task.id, ep.sample)])
         return traj
 
-    def reset(self, ep: _Episode) -> None:
-        ep.started = time.perf_counter()
+    def make_env(self, ep: _Episode) -> Env | None:
+        """A new env from the factory (on the loop: envs are made once per slot); None after a failure."""
         try:
-            if ep.env is None:
-                ep.env = self.env_factory()
-                self.made_envs.append(ep.env)
+            env = self.env_factory()
         except Exception:
             _fail(ep)
+            return None
+        self.made_envs.append(env)
+        return env
+
+    def reset(self, ep: _Episode) -> None:
+        ep.started = time.perf_counter()
+        if ep.env is None:  # its construction failed (make_env)
             return
         self.bind_roles(ep)  # a role nobody gave is the caller's mistake: it stops the run
         try:
@@ -305,11 +311,16 @@ class _Run:
             env=ep.env,
         )
 
-    async def env_call(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` in an env worker thread (inline when env_workers = 0)."""
-        if self.pool is None:
+    async def env_call(self, ep: _Episode, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the episode's env: in an env worker thread, or inline (see `RolloutLimits.env_workers`)."""
+        if self.pool is None or not self.threaded(ep.env):
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def threaded(self, env: Env | None) -> bool:
+        if self.limits.env_workers is not None:
+            return self.limits.env_workers > 0
+        return bool(getattr(env, "blocks", False)) or (isinstance(env, UsesRoles) and bool(env.roles))
 
 
 def _close(env: Env) -> None:

@@ -42,6 +42,10 @@ class Env(Protocol):
         """Release what the env holds (connections, processes, files); the rollout always calls it at the end."""
         ...
 
+    # Optional: `blocks = True` on an env whose calls wait (a database, a sandbox, a slow service): the rollout
+    # then runs its calls in worker threads, so that a wait stalls only its own episode. Envs with model roles
+    # always run there. Others are called inline on the rollout's event loop.
+
 
 @runtime_checkable
 class UsesRoles(Protocol):

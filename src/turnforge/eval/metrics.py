@@ -17,7 +17,7 @@ from turnforge.types import StopReason, Trajectory
 SUMMARY_KEYS = (
     "env", "split", "policy", "n_tasks", "samples_per_task", "n_episodes", "success", "success_ci",
     "pass@k", "pass^k", "mean_reward", "mean_progress", "mean_turns", "stop_reasons", "by_category",
-    "wall_s", "env_steps", "tokens_generated",
+    "wall_s", "env_steps", "tokens_generated", "sampling",
 )  # fmt: skip
 
 
@@ -135,11 +135,13 @@ def summarize(
     policy: str,
     samples_per_task: int,
     wall_s: float = 0.0,
+    sampling: dict | None = None,
 ) -> dict:
     """The summary.json of an evaluation (keys are a contract: later stages and external checks read them).
 
     Episode-level means (success, reward, progress, turns) weigh every episode equally; pass@k and
-    pass^k are per-task estimates averaged over tasks; `by_category[c]["n"]` counts episodes.
+    pass^k are per-task estimates averaged over tasks; `by_category[c]["n"]` counts episodes. `sampling` is
+    the run's sampling settings (temperature, top_p, top_k, max_new_tokens, stop, seed).
     """
     n_success = sum(int(t.score.success) for t in trajectories)
     at_k, hat_k = _pass_metrics(trajectories, samples_per_task)
@@ -162,4 +164,5 @@ def summarize(
         "wall_s": wall_s,
         "env_steps": sum(t.env_steps for t in trajectories),
         "tokens_generated": sum(t.tokens_generated for t in trajectories),
+        "sampling": sampling,
     }

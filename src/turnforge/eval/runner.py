@@ -1,7 +1,8 @@
 """Resumable evaluation: run a policy on the first N tasks of a split, K samples each, and summarise.
 
 An out dir holds `run.json` (the run's identity), `episodes.jsonl` (one Trajectory per line, appended
-and fsynced as each episode finishes) and `summary.json`. Re-running the same command resumes: finished
+and fsynced as each episode finishes) and `summary.json` (with the sampling settings, and a server
+policy's token `usage`). Re-running the same command resumes: finished
 (task_id, sample) episodes are skipped, a line cut short by a kill is dropped with a warning, and the
 summary covers every episode of the selected tasks. A different run is refused, never mixed in.
 
@@ -21,12 +22,15 @@ from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.eval.metrics import summarize
-from turnforge.policies import make_policy
-from turnforge.policies.base import Policy, SamplingParams
+from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
+from turnforge.policies.base import BackendError, Policy, SamplingParams
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.rundir import check_out_dir, locked
 from turnforge.types import Task, Trajectory, read_trajectories
+
+# Policy options that do not change results, left out of a run's identity (a resume may change them).
+_NOT_IN_IDENTITY = frozenset({"batch_size", "device", "concurrency", "api_key_env", "request_timeout", "max_retries"})
 
 RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.jsonl"
@@ -60,6 +64,13 @@ def run_eval(
     params = params or SamplingParams(seed=seed)
     policy_options = policy_options or {}
     options = get_env_spec(env).coerce_options(env_options)
+    if samples > 1 and params.temperature == 0 and PolicySpec.parse(policy_spec).kind in MODEL_BACKENDS:
+        warnings.warn(
+            f"--samples {samples} at temperature 0 (greedy) runs {samples} identical episodes per task; "
+            "pass --temperature > 0 to sample different ones",
+            UserWarning,
+            stacklevel=2,
+        )
     policy = make_policy(policy_spec, model=model, seed=seed, **policy_options)
     identity = {
         "env": env,
@@ -73,7 +84,7 @@ def run_eval(
         # Only the limits that change results; batch size and env workers do not.
         "limits": {k: getattr(limits, k) for k in ("max_turns", "max_format_errors", "max_total_tokens")},
         "sampling": dataclasses.asdict(params),
-        "policy_options": {k: v for k, v in policy_options.items() if k not in ("batch_size", "device")},
+        "policy_options": {k: v for k, v in policy_options.items() if k not in _NOT_IN_IDENTITY},
     }
     out = Path(out_dir)
     check_out_dir(out)
@@ -85,19 +96,31 @@ def run_eval(
         previous = read_episodes(episodes_path)
 
         started = time.perf_counter()
+        finished = []
         with episodes_path.open("a", encoding="utf-8") as sink:
-            new = run_episodes(
-                policy,
-                functools.partial(make_env, env, **options),
-                tasks,
-                samples,
-                limits,
-                params=params,
-                on_finish=functools.partial(append_episode, sink),
-                skip=frozenset(t.key for t in previous),
-                seed=seed,
-                renderer=policy.renderer,
-            )
+
+            def on_finish(traj: Trajectory) -> None:
+                append_episode(sink, traj)
+                finished.append(traj.key)
+
+            try:
+                new = run_episodes(
+                    policy,
+                    functools.partial(make_env, env, **options),
+                    tasks,
+                    samples,
+                    limits,
+                    params=params,
+                    on_finish=on_finish,
+                    skip=frozenset(t.key for t in previous),
+                    seed=seed,
+                    renderer=policy.renderer,
+                )
+            except BackendError as e:  # what finished is on disk: say so, and how to go on
+                done = len(previous) + len(finished)
+                raise BackendError(
+                    f"{e} [{done} finished episodes are kept in {episodes_path}; the same command resumes]", e.status
+                ) from e
         episodes = _episodes_of(tasks, samples, previous + new)
         summary = summarize(
             episodes,
@@ -106,10 +129,14 @@ def run_eval(
             policy=policy_spec,
             samples_per_task=samples,
             wall_s=time.perf_counter() - started,  # this invocation's time; a resumed run counts only its own
+            sampling=dataclasses.asdict(params),
         )
         env_metrics = get_env_spec(env).env_metrics
         if env_metrics is not None:
             summary["env_metrics"] = env_metrics(episodes)
+        usage = getattr(policy, "usage", None)
+        if usage is not None:  # a server policy's token usage, this invocation's (as wall_s)
+            summary["usage"] = usage.to_dict()
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 

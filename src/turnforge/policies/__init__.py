@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
+from turnforge.policies.base import BackendError, Generation, Policy, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy, RandomPolicy, ReplayPolicy
 
 __all__ = [
+    "BackendError",
     "ExpertPolicy",
     "Generation",
     "Policy",
@@ -23,6 +24,9 @@ __all__ = [
 
 _SCRIPTED = ("expert", "random")
 MODEL_BACKENDS = ("hf", "vllm", "openai")
+# The openai backend's settings (`make_policy(**options)`).
+_OPENAI_OPTIONS = ("concurrency", "request_timeout", "max_retries", "backoff_s", "max_backoff_s", "api_key_env",
+                   "extensions")
 _USAGE = "expert, random, replay:FILE, hf[:PATH], vllm[:PATH] or openai:URL[#MODEL]"
 
 
@@ -68,7 +72,7 @@ def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: A
 
     `model` is the checkpoint for the model backends when the spec does not name one (`--policy hf --model
     PATH`); `seed` drives `random`; `options` are the model backend's own settings (hf: device, dtype,
-    window, batch_size, adapter).
+    window, batch_size, adapter; openai: concurrency, request_timeout, max_retries, api_key_env).
     """
     parsed = PolicySpec.parse(spec)
     if parsed.kind == "expert":
@@ -85,11 +89,16 @@ def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: A
         from turnforge.policies.vllm import VLLMPolicy  # imports vllm: only when asked for
 
         return VLLMPolicy(_model_path(parsed, model), **{k: v for k, v in options.items() if k in ("dtype", "window", "adapter")})
-    # Raised as NotImplementedError so callers can tell "not yet" from "wrong input".
-    raise NotImplementedError(
-        f"policy {spec!r} (a model backend) is not available in this version of turnforge; "
-        "use --policy hf --model PATH, expert, random or replay:FILE"
-    )
+    if parsed.kind == "openai":
+        if parsed.model and model and parsed.model != model:
+            raise ValueError(f"two models for one policy: {spec!r} and --model {model}; give one")
+        from turnforge.policies.openai import OpenAIPolicy  # imports the openai client: only when asked for
+
+        unknown = sorted(set(options) - set(_OPENAI_OPTIONS))
+        if unknown:
+            raise ValueError(f"policy openai does not take {', '.join(unknown)}; it takes {', '.join(_OPENAI_OPTIONS)}")
+        return OpenAIPolicy(parsed.target, model=parsed.model or model, **options)
+    raise AssertionError(f"PolicySpec.parse accepted an unhandled kind {parsed.kind!r}")
 
 
 def _model_path(spec: PolicySpec, model: str | None) -> str:

@@ -70,3 +70,15 @@ class Policy(Protocol):
     `run_episodes(..., renderer=policy.renderer)`; None for scripted policies, whose replies are text."""
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]: ...
+
+
+class BackendError(RuntimeError):
+    """A model backend failed in a way the run cannot go on from (a server refused, or stopped answering).
+
+    The message is one line for people: what happened, where (the URL), and what to do. `status` is the HTTP
+    status when there was one.
+    """
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status

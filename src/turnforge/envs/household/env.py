@@ -104,6 +104,11 @@ class HouseholdEnv:
         self.world: World | None = None
         self._plan: list[str] = []
 
+    @property
+    def blocks(self) -> bool:
+        """Steps wait (step_delay_ms): the rollout runs them in worker threads."""
+        return self.step_delay_s > 0
+
     # ---- Env protocol --------------------------------------------------------------------------------
 
     def reset(self, task: Task) -> list[Message]:

@@ -45,6 +45,8 @@ FORMATS = ("react_sql", "tool_call")
 class SqlEnv:
     """One DBBench-style episode at a time. `make_env("dbbench", db_url="mysql://root@127.0.0.1:3306")`."""
 
+    blocks = True  # statements wait on a database (a server's, or SQLite's up to the statement timeout)
+
     def __init__(
         self,
         name: str = "dbbench",

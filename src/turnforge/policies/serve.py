@@ -1,0 +1,463 @@
+"""`turnforge serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over the hf backend.
+
+    turnforge serve --model runs/qs/stages/02-sft/model --port 8000 [--adapter dpo=runs/qs/stages/04-dpo/model]
+    curl http://127.0.0.1:8000/v1/models
+
+`POST /v1/chat/completions`: messages (+ `tools`) -> the model's own chat template -> `HFPolicy.generate` ->
+Qwen3 / Hermes `<tool_call>` blocks parsed into `tool_calls` (finish_reason "tool_calls"). It takes `n`,
+`temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `stop`, `seed`, `logprobs`, and vLLM's
+extensions `top_k`, `return_token_ids` (the reply's `token_ids` and the `prompt_token_ids`) and
+`include_stop_str_in_output`; `usage` counts the prompt once and every choice's tokens. No streaming.
+Errors are OpenAI-shaped JSON bodies (`{"error": {"message", "type", "param", "code"}}`) with 400, 404 or 500.
+
+Batching: every choice of every open request joins one batching queue (`RoleQueues`, policies/queue.py), whose
+`live` count is the prompts still waiting for the model: a request that finds the model idle runs at once, and
+those that arrive while it is busy make up the next batched `generate` call.
+
+Token-exact conversations (docs/decisions.md, "turnforge serve"): a client sends back text, and re-tokenizing a
+reply need not give the ids the model wrote. The server keeps, for each reply it made, the rendered
+conversation up to the end of that reply and the ids the model actually saw and wrote (`ReplyMemory`); a
+request that continues one starts from those ids and tokenizes only the new part, which always begins right
+after the end-of-turn token. So an episode over HTTP sees the same ids as one run in-process, and the hf
+policy's per-episode prefix cache is reused between turns (its key follows the conversation).
+
+LoRA adapters are chosen by the request's `model`: `--adapter NAME=PATH` serves the adapter as model NAME;
+the base model keeps its own name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import socket
+import threading
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnforge.formats.tool_call import ToolCallFormat
+from turnforge.models.chat import encode, render
+from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.queue import Role, RoleQueues
+from turnforge.types import Message, Task
+
+
+class ChatRequest(BaseModel):
+    """The fields of an OpenAI chat-completions request this server reads (others are ignored, as vLLM does)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=0)  # only the sampled token's log-probability
+    stream: Literal[False] = False
+    return_token_ids: bool = False
+    include_stop_str_in_output: bool = False
+
+
+class APIError(Exception):
+    """An OpenAI-style error answer."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": error}, status_code=self.status)
+
+
+@dataclass
+class _Remembered:
+    ids: list[int]
+    key: tuple[str, int]  # the hf policy's prefix-cache key for this conversation
+
+
+class ReplyMemory:
+    """(model, rendered conversation up to the end of a reply) -> the exact ids, least recently used dropped.
+
+    At most `max_tokens` ids and `max_conversations` prefix-cache keys are held (the keys/values behind each
+    key live in the hf policy's prefix cache). `store` returns the keys no entry uses any more, to release.
+    """
+
+    def __init__(self, eos_text: str, max_tokens: int = 4_000_000, max_conversations: int = 512):
+        self.eos_text, self.max_tokens, self.max_conversations = eos_text, max_tokens, max_conversations
+        self.entries: OrderedDict[tuple[str, str], _Remembered] = OrderedDict()
+        self.tokens = 0
+        self.uses: Counter[tuple[str, int]] = Counter()
+
+    def lookup(self, model: str, text: str) -> tuple[int, _Remembered] | None:
+        """(length of the remembered text, its entry) for the longest remembered prefix of `text` that ends
+        with the end-of-turn text; None when no reply of this conversation is remembered."""
+        end = len(text)
+        while (at := text.rfind(self.eos_text, 0, end)) >= 0:
+            cut = at + len(self.eos_text)
+            hit = self.entries.get((model, text[:cut]))
+            if hit is not None:
+                self.entries.move_to_end((model, text[:cut]))
+                return cut, hit
+            end = at
+        return None
+
+    def store(self, model: str, text: str, entry: _Remembered) -> list[tuple[str, int]]:
+        key = (model, text)
+        if key in self.entries:
+            self._drop(key)
+        self.entries[key] = entry
+        self.tokens += len(entry.ids)
+        self.uses[entry.key] += 1
+        released = []
+        while (self.tokens > self.max_tokens or len(self.uses) > self.max_conversations) and len(self.entries) > 1:
+            released += self._drop(next(iter(self.entries)))
+        return released
+
+    def _drop(self, key: tuple[str, str]) -> list[tuple[str, int]]:
+        entry = self.entries.pop(key)
+        self.tokens -= len(entry.ids)
+        self.uses[entry.key] -= 1
+        if self.uses[entry.key] > 0:
+            return []
+        del self.uses[entry.key]
+        return [entry.key]
+
+
+@dataclass
+class _ServedPrompt(Prompt):
+    """A prompt with its own request's settings: one batch may mix requests that differ in them."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None
+
+
+class _PerRequestSettings:
+    """The queue's policy: runs a batch as one `HFPolicy.generate` call per (adapter, sampling settings) group
+    (one call when every request asks the same, the usual case)."""
+
+    name = "serve"
+    renderer = None
+
+    def __init__(self, hf, adapters: bool) -> None:
+        self.hf, self.adapters = hf, adapters
+
+    def generate(self, prompts: list[_ServedPrompt], _params: SamplingParams) -> list[Generation]:
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault((p.adapter, json.dumps(dataclasses.asdict(p.params))), []).append(i)
+        out: list[Generation | None] = [None] * len(prompts)
+        for (adapter, _), rows in groups.items():
+            with self._adapter(adapter):
+                gens = self.hf.generate([prompts[i] for i in rows], prompts[rows[0]].params)
+            for i, gen in zip(rows, gens, strict=True):
+                out[i] = gen
+        return out  # type: ignore[return-value]
+
+    def release(self, keys: list[tuple[str, int]]) -> None:
+        self.hf.release(keys)
+
+    @contextlib.contextmanager
+    def _adapter(self, name: str | None) -> Iterator[None]:
+        model = self.hf.model
+        if not self.adapters:
+            yield
+        elif name is None:
+            with model.disable_adapter():
+                yield
+        else:
+            model.set_adapter(name)
+            yield
+
+
+class ServedModel:
+    """The hf policy, its adapters by model name, and what the server needs to know of its tokenizer."""
+
+    def __init__(self, model: str, name: str | None = None, adapters: dict[str, str] | None = None,
+                 device: str = "auto", dtype: str = "auto", max_tokens_default: int = 512):
+        from turnforge.policies.hf import HFPolicy  # imports torch and transformers
+
+        self.name = name or model
+        self.adapters = dict(adapters or {})
+        if self.name in self.adapters:
+            raise ValueError(f"--adapter {self.name}=...: the base model is already served as {self.name!r}")
+        self.hf = HFPolicy(model, device=device, dtype=dtype)
+        if self.adapters:
+            _load_adapters(self.hf, self.adapters)
+        self.tokenizer = self.hf.tokenizer
+        self.max_context = int(getattr(self.hf.model.config, "max_position_embeddings", 0) or 0)
+        self.max_tokens_default = max_tokens_default
+        self.memory = ReplyMemory(self.tokenizer.eos_token)
+        self.eos_id = self.tokenizer.eos_token_id
+
+    @property
+    def names(self) -> list[str]:
+        return [self.name, *self.adapters]
+
+
+def _load_adapters(hf, adapters: dict[str, str]) -> None:
+    from peft import PeftModel
+
+    items = list(adapters.items())
+    first_name, first_path = items[0]
+    model = PeftModel.from_pretrained(hf.model, first_path, adapter_name=first_name)
+    for adapter_name, path in items[1:]:
+        model.load_adapter(path, adapter_name=adapter_name)
+    model.eval()
+    hf.model = model
+
+
+def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -> FastAPI:
+    """The FastAPI app; its batching queue starts with the app's event loop (lifespan)."""
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        state["announced"] = 0  # prompts of a request counted as open before they join the queue
+        queues = RoleQueues({"agent": Role(_PerRequestSettings(served.hf, bool(served.adapters)))},
+                            live=lambda: queues.waiting + state["announced"], max_batch=max_batch, tick_s=tick_s)
+        state["queues"] = queues
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, queues.close)
+
+    app = FastAPI(title="turnforge serve", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, e: APIError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return APIError(400, f"{where or 'request'}: {first.get('msg', 'invalid request')}", where).response()
+
+    @app.exception_handler(Exception)
+    async def crashed(_request: Request, e: Exception) -> JSONResponse:
+        return APIError(500, f"generation failed: {type(e).__name__}: {e}").response()
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        created = int(time.time())
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "turnforge"}
+                                           for n in served.names]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatRequest) -> dict[str, Any]:
+        return await _complete(served, state, request)
+
+    return app
+
+
+async def _complete(served: ServedModel, state: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
+    if request.model not in served.names:
+        raise APIError(404, f"The model `{request.model}` does not exist; this server has: {', '.join(served.names)}",
+                       "model", "model_not_found")
+    adapter = None if request.model == served.name else request.model
+    messages = [_chat_message(m, i) for i, m in enumerate(request.messages)]
+    try:
+        text = render(served.tokenizer, messages, request.tools, True)
+    except Exception as e:  # the template's own checks (jinja raise_exception), or a message it cannot render
+        raise APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
+    ids, first_key = _prompt_ids(served, request.model, text)
+    max_new = request.max_completion_tokens or request.max_tokens or served.max_tokens_default
+    if served.max_context and len(ids) + max_new > served.max_context:
+        raise APIError(400, f"This model's maximum context length is {served.max_context} tokens; the messages "
+                       f"take {len(ids)} and max_tokens is {max_new}", "messages", "context_length_exceeded")
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    params = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=max(request.top_k, 0),
+                            max_new_tokens=max_new, stop=stop, seed=request.seed or 0)
+    keys = [first_key] + [(uuid.uuid4().hex, 0) for _ in range(request.n - 1)]
+    gens = await _generate(state, [
+        _ServedPrompt(messages=[], task=Task(key[0], "serve", "", ""), sample=key[1], turn=0, ids=ids,
+                      params=params, adapter=adapter)
+        for key in keys
+    ])
+    tools = bool(request.tools) and request.tool_choice != "none"
+    choices = []
+    for index, (gen, key) in enumerate(zip(gens, keys, strict=True)):
+        message, finish = _reply(gen, stop, tools, request.include_stop_str_in_output)
+        _remember(served, request, messages, message, ids + gen.ids, key, state)
+        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish,
+                                  "logprobs": _logprobs(served, gen) if request.logprobs else None}
+        if request.return_token_ids:
+            choice["token_ids"] = gen.ids
+        choices.append(choice)
+    completion_tokens = sum(len(g.ids) for g in gens)
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": request.model, "choices": choices,
+        "usage": {"prompt_tokens": len(ids), "completion_tokens": completion_tokens,
+                  "total_tokens": len(ids) + completion_tokens},
+    }
+    if request.return_token_ids:
+        body["prompt_token_ids"] = ids
+    return body
+
+
+async def _generate(state: dict[str, Any], prompts: list[_ServedPrompt]) -> list[Generation]:
+    """Every prompt joins the queue; all of one request's go in together, so they share a batch."""
+    queues: RoleQueues = state["queues"]
+    state["announced"] += len(prompts)
+
+    async def one(prompt: _ServedPrompt) -> Generation:
+        state["announced"] -= 1  # ... and it is counted as waiting from the same step on
+        gen, _ = await queues.generate("agent", prompt, 0)
+        return gen
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def _prompt_ids(served: ServedModel, model: str, text: str) -> tuple[list[int], tuple[str, int]]:
+    """The prompt's ids (continuing a remembered reply's exact ids where there is one) and its cache key."""
+    hit = served.memory.lookup(model, text)
+    if hit is None:
+        return encode(served.tokenizer, text), (uuid.uuid4().hex, 0)
+    cut, entry = hit
+    # The rest starts right after the end-of-turn token: a byte-level BPE never merges across an added token.
+    return list(entry.ids) + encode(served.tokenizer, text[cut:]), entry.key
+
+
+def _remember(served: ServedModel, request: ChatRequest, messages: list[dict[str, Any]], reply: dict[str, Any],
+              ids: list[int], key: tuple[str, int], state: dict[str, Any]) -> None:
+    """Remember the ids behind this reply, keyed by how the template renders the reply as the client will send it."""
+    if not ids or ids[-1] != served.eos_id:
+        ids = ids + [served.eos_id]  # a reply cut short: the template closes the turn with the end-of-turn token
+    try:
+        text = render(served.tokenizer, [*messages, _chat_message(reply, len(messages))], request.tools, False)
+    except Exception:
+        return
+    end = text.rfind(served.memory.eos_text)
+    if end < 0:
+        return
+    released = served.memory.store(request.model, text[: end + len(served.memory.eos_text)], _Remembered(ids, key))
+    if released:
+        state["queues"].release(released)
+
+
+def _reply(gen: Generation, stop: list[str], tools: bool, keep_stop: bool) -> tuple[dict[str, Any], str]:
+    """(the choice's message, finish_reason)."""
+    text = gen.text
+    if stop and gen.finish_reason == "stop" and not keep_stop:  # OpenAI: the text ends before the stop string
+        cuts = [text.find(s) for s in stop if s in text]
+        text = text[: min(cuts)] if cuts else text
+    if tools and gen.finish_reason == "stop":
+        parsed = ToolCallFormat().parse(text)
+        if isinstance(parsed, Message) and parsed.tool_calls:
+            calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                     for c in parsed.tool_calls]
+            return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": text}, gen.finish_reason
+
+
+def _logprobs(served: ServedModel, gen: Generation) -> dict[str, Any]:
+    tokens = [served.tokenizer.decode([t]) for t in gen.ids]
+    return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
+                        for tok, lp in zip(tokens, gen.logprobs, strict=False)]}
+
+
+def _chat_message(m: dict[str, Any], index: int) -> dict[str, Any]:
+    """An OpenAI message as Hugging Face chat templates read it: text content, tool-call arguments as dicts."""
+    role = m.get("role")
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise APIError(400, f"messages[{index}]: unknown role {role!r}", f"messages.{index}.role")
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: the text ones, joined
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content or ""}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [_template_call(c, index) for c in m["tool_calls"]]
+    for k in ("tool_call_id", "name"):
+        if m.get(k) is not None:
+            out[k] = m[k]
+    return out
+
+
+def _template_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not fn.get("name"):
+        raise APIError(400, f"messages[{index}].tool_calls: each call needs function.name", f"messages.{index}.tool_calls")
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):
+            args = json.loads(args) if args.strip() else {}
+    out = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    if call.get("id"):
+        out["id"] = call["id"]
+    return out
+
+
+# ---- running it ----------------------------------------------------------------------------------------------
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free port), so that the URL is known before the server starts."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port") from None
+    sock.listen(2048)
+    return sock
+
+
+def serve(served: ServedModel, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 64,
+          on_ready=None) -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM). `on_ready(url)` is called once the socket listens."""
+    import uvicorn
+
+    sock = bind(host, port)
+    url = f"http://{host}:{sock.getsockname()[1]}/v1"
+    config = uvicorn.Config(create_app(served, max_batch), log_level="warning", timeout_graceful_shutdown=5)
+    if on_ready is not None:
+        on_ready(url)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def running_server(served: ServedModel, host: str = "127.0.0.1", max_batch: int = 64,
+                   startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """`with running_server(served) as url:` a server on a free port in a thread of this process, shut down
+    (and its batching worker stopped) at the end of the block. For tests and benchmarks."""
+    import uvicorn
+
+    sock = bind(host, 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(served, max_batch), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="turnforge-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError("turnforge serve did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
