@@ -144,7 +144,8 @@ def test_an_envs_own_prompt_assistant_turns_carry_no_loss(tokenizer):
     (rendered) and token-exact trajectories get the same example: loss on the policy's replies only."""
     tasks = load_tasks("sql", "train", generate=6)
     scripted = run_episodes(ExpertPolicy(), lambda: make_env("sql", generate=6), tasks, 1)
-    exact = run_episodes(ExpertTokenPolicy(tokenizer), lambda: make_env("sql", generate=6), tasks, 1)
+    token_policy = ExpertTokenPolicy(tokenizer)
+    exact = run_episodes(token_policy, lambda: make_env("sql", generate=6), tasks, 1, renderer=token_policy.renderer)
     for traj, traj_exact in zip(scripted, exact, strict=True):
         assert [m.content for m in traj.messages[:3] if m.role == "assistant"] == ["Ok."]
         [example] = trajectory_examples(traj, tokenizer)
