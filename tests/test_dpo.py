@@ -162,17 +162,20 @@ IRONGUARD_BUDGET = [
 ]
 
 
-def test_agentbench_ironguard_runs_on_the_tiny_model_over_household_and_sql(tmp_path):  # ~40 s
-    """Both collect stages (household, and the SQL env in DBBench's format) feed one DPO stage."""
+def test_agentbench_ironguard_runs_on_the_tiny_model_over_household_and_sql(tmp_path, tiny_model_dir):  # ~60 s
+    """Both collect stages (household, and the SQL env in DBBench's format) feed one DPO stage, whose chosen
+    replies a teacher served by `turnforge serve` (the tiny model here; a Qwen3-30B in the seed) writes first."""
+    pytest.importorskip("fastapi")
     from rich.console import Console
 
     from turnforge.pipeline import run_recipe
+    from turnforge.policies.serve import ServedModel, running_server
     from turnforge.recipes import load_recipe
 
-    # The teacher (the tiny model itself here) is asked at every decision point; its replies are replayed first.
-    teacher = ['stages.dpo.teacher="hf:tiny"', "stages.dpo.teacher_max_new_tokens=16"]
-    recipe = load_recipe("agentbench_ironguard", overrides=IRONGUARD_BUDGET + teacher, model="tiny")
-    summary = run_recipe(recipe, tmp_path / "run", console=Console(quiet=True))
+    with running_server(ServedModel(str(tiny_model_dir), name="teacher", device="cpu")) as url:
+        teacher = [f'stages.dpo.teacher="openai:{url}#teacher"', "stages.dpo.teacher_max_new_tokens=16"]
+        recipe = load_recipe("agentbench_ironguard", overrides=IRONGUARD_BUDGET + teacher, model="tiny")
+        summary = run_recipe(recipe, tmp_path / "run", console=Console(quiet=True))
     result = summary["stages"]["dpo"]["result"]
     asked = result["mining"]["teacher_rejected"] + result["mining"]["chosen_from"].get("teacher", 0)
     assert asked > 0
