@@ -50,6 +50,7 @@ from turnforge.policies.queue import ModelThread, Role, RoleClient, RoleQueues, 
 from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
 
 T = TypeVar("T")
+STATUS_EVERY_S = 30.0  # without a terminal, one status line this often
 
 
 @dataclass
@@ -213,7 +214,7 @@ class _Run:
         self.pool = ThreadPoolExecutor(workers or self.limits.max_open, thread_name_prefix="turnforge-env") \
             if workers != 0 else None
 
-        async def slot(advance: Callable[[], None]) -> None:
+        async def slot(advance: Callable[[Trajectory], None]) -> None:
             nonlocal unfinished
             while queue:
                 traj = await self.play_episode(queue.popleft())
@@ -221,7 +222,7 @@ class _Run:
                 unfinished -= 1
                 if self.on_finish is not None:
                     self.on_finish(traj)
-                advance()
+                advance(traj)
                 self.queues.dispatch()  # one episode fewer: a batch waiting for it may be ready
 
         try:
@@ -441,14 +442,38 @@ def _to_trajectory(ep: _Episode, seed: int, model: str) -> Trajectory:
 
 
 @contextmanager
-def _progress_bar(total: int) -> Iterator[Callable[[], None]]:
-    """`advance()` per finished episode; a rich bar on stderr only when it is a terminal."""
-    if total == 0 or not sys.stderr.isatty():
-        yield lambda: None
+def _progress_bar(total: int) -> Iterator[Callable[[Trajectory], None]]:
+    """`advance(traj)` per finished episode: episodes done / total, success so far and episodes/s, as a rich bar on
+    stderr when it is a terminal, else as a one-line status on stderr every `STATUS_EVERY_S` seconds."""
+    if total == 0:
+        yield lambda traj: None
+        return
+    started, done, won = time.perf_counter(), 0, 0
+    if not sys.stderr.isatty():
+        last = started
+
+        def status(traj: Trajectory) -> None:
+            nonlocal done, won, last
+            done, won = done + 1, won + traj.score.success
+            now = time.perf_counter()
+            if now - last >= STATUS_EVERY_S and done < total:
+                last = now
+                print(f"episodes {done}/{total}, success {won / done:.1%}, {done / (now - started):.2f} episodes/s",
+                      file=sys.stderr, flush=True)
+
+        yield status
         return
     from rich.console import Console
-    from rich.progress import MofNCompleteColumn, Progress
+    from rich.progress import MofNCompleteColumn, Progress, TextColumn
 
-    with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=Console(stderr=True)) as bar:
-        task_id = bar.add_task("episodes", total=total)
-        yield lambda: bar.advance(task_id)
+    columns = (*Progress.get_default_columns(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"))
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task_id = bar.add_task("episodes", total=total, status="")
+
+        def advance(traj: Trajectory) -> None:
+            nonlocal done, won
+            done, won = done + 1, won + traj.score.success
+            rate = done / (time.perf_counter() - started)
+            bar.update(task_id, advance=1, status=f"success {won / done:.1%} · {rate:.2f} episodes/s")
+
+        yield advance
