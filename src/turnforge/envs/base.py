@@ -99,6 +99,9 @@ class EnvSpec:
     options: list[EnvOption] = field(default_factory=list)
     env_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None
     """The benchmark's own summary figures (e.g. DBBench's overall_cat_accuracy): summary.json "env_metrics"."""
+    model_roles: Callable[[dict[str, Any]], dict[str, tuple[str, dict[str, Any]]]] | None = None
+    """Model roles the env's options ask for (e.g. `user=hf:PATH`): options -> {role: (policy spec, sampling
+    settings)}. The eval runner builds those policies and passes them as `roles=`; the env never builds a model."""
 
     def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate `--env-opt` values (strings from the CLI or typed values from code)."""
@@ -143,6 +146,7 @@ def _load_builtin() -> None:
     # Importing the packages registers them; kept lazy so `import turnforge` stays light.
     import turnforge.envs.bfcl  # noqa: F401
     import turnforge.envs.household  # noqa: F401
+    import turnforge.envs.service  # noqa: F401
     import turnforge.envs.sql  # noqa: F401
 
 
