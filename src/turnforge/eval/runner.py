@@ -23,6 +23,7 @@ from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.eval.metrics import summarize
 from turnforge.policies import make_policy
 from turnforge.policies.base import Policy, SamplingParams
+from turnforge.policies.queue import Role
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.types import Task, Trajectory
@@ -76,6 +77,7 @@ def run_eval(
     }
     out = Path(out_dir)
     check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
+    roles = env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
     out.mkdir(parents=True, exist_ok=True)
     (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
@@ -95,6 +97,7 @@ def run_eval(
             skip=frozenset(t.key for t in previous),
             seed=seed,
             renderer=policy.renderer,
+            roles=roles,
         )
     episodes = _episodes_of(tasks, samples, previous + new)
     summary = summarize(
@@ -110,6 +113,28 @@ def run_eval(
         summary["env_metrics"] = env_metrics(episodes)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def env_roles(
+    env: str, options: dict[str, Any], params: SamplingParams, seed: int, agent_spec: str,
+    policy_options: dict[str, Any] | None = None,
+) -> dict[str, Role]:
+    """The model roles env `env` asks for with these options (its spec's `model_roles`, e.g. a `user`
+    simulator named by `--env-opt user=hf:PATH`), built here and passed to `run_episodes(roles=...)`.
+
+    Each role gets the agent's sampling settings with the role's own overrides (e.g. the user's temperature)
+    and the agent's device / dtype / batch size; a role the spec hands over ready-made (a replayed user) is
+    used as it is.
+    """
+    model_roles = get_env_spec(env).model_roles
+    if model_roles is None:
+        return {}
+    shared = {k: v for k, v in (policy_options or {}).items() if k in ("device", "dtype", "batch_size")}
+    roles = {}
+    for role, (spec, overrides) in model_roles(options, agent_spec).items():
+        policy = make_policy(spec, seed=seed, **shared) if isinstance(spec, str) else spec
+        roles[role] = Role(policy, dataclasses.replace(params, **overrides))
+    return roles
 
 
 def _select_tasks(

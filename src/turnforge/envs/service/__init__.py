@@ -19,6 +19,8 @@ from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.service.domain import ENV_NAME, domain_names, load_domain
 from turnforge.envs.service.env import SCRIPTED_USERS, ServiceEnv
 from turnforge.envs.service.metrics import service_metrics
+from turnforge.envs.service.users import ReplayUserPolicy
+from turnforge.policies import PolicySpec
 from turnforge.types import Task
 
 __all__ = ["ServiceEnv", "load_service_tasks", "service_metrics"]
@@ -34,11 +36,20 @@ def load_service_tasks(split: str, limit: int | None = None, domain: str = "desk
     return [loaded.to_task(i, split) for i in ids[:limit]]
 
 
-def model_roles(options: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The model roles these options ask for: role -> (policy spec, sampling settings)."""
-    roles = {}
+def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tuple[Any, dict[str, Any]]]:
+    """The model roles these options ask for: role -> (policy spec or replayed user, sampling overrides).
+
+    `user=replay` replays the user messages of the agent's own replay file (`--policy replay:FILE`).
+    """
+    roles: dict[str, tuple[Any, dict[str, Any]]] = {}
     user = options.get("user", "scripted")
-    if user not in SCRIPTED_USERS:
+    if user == "replay":
+        kind, _, path = agent_spec.partition(":")
+        if kind != "replay" or not path:
+            raise ValueError("--env-opt user=replay replays the conversations of --policy replay:FILE; give that policy")
+        roles["user"] = (ReplayUserPolicy(path), {})
+    elif user not in SCRIPTED_USERS:
+        PolicySpec.parse(user)  # a bad spec fails before any episode
         roles["user"] = (user, {"temperature": options.get("user_temperature", 0.7)})
     if options.get("judge"):
         roles["judge"] = (options["judge"], {"temperature": 0.0})

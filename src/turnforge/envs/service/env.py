@@ -14,6 +14,7 @@ tool observation and counts as a tool error (tau2's function-calling API never y
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from turnforge.envs.service.domain import Domain, load_domain
@@ -86,6 +87,8 @@ class ServiceEnv:
 
     def step(self, reply: Message | FormatError) -> StepResult:
         assert self.termination is None, "the episode has ended; call reset(task)"
+        if self._replayed_greeting(reply):
+            return StepResult([], info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
         if isinstance(reply, FormatError):
             out = self._unparsable(reply)
         elif reply.tool_calls:
@@ -164,6 +167,12 @@ class ServiceEnv:
         self._check_limits()
         return [self.format.observation(text)]
 
+    def _replayed_greeting(self, reply: Message | FormatError) -> bool:
+        """A saved tau2 conversation starts with the greeting, which this env already sent: a replayed copy of
+        it, as the agent's first reply, is skipped (not a step, not sent to the user)."""
+        return (self.user_kind == "replay" and len(self.history) == 2 and isinstance(reply, Message)
+                and not reply.tool_calls and reply.content.strip() == GREETING)
+
     def _check_limits(self) -> None:
         """tau2's `_check_termination`, run where it runs (not while tool calls await their answer)."""
         if self.steps >= self.max_steps:
@@ -207,11 +216,27 @@ class ServiceEnv:
         gen = self.clients["judge"].generate(judge_messages(history, assertions))
         return read_judge_reply(gen.text, len(assertions))
 
-    # ---- expert ------------------------------------------------------------------------------------------
+    # ---- scripted policies -------------------------------------------------------------------------------
+    def admissible_actions(self) -> list[str]:
+        """For `--policy random`: the task's gold calls (as JSON), a transfer, a question and the stop token."""
+        actions = [json.dumps({"name": a["name"], "arguments": a.get("arguments") or {}}, sort_keys=True)
+                   for a in self._gold_actions()]
+        transfer = {"name": "transfer_to_human_agents", "arguments": {"summary": "The customer needs help."}}
+        return actions + [json.dumps(transfer), "Could you give me more details, please?", AGENT_STOP_TOKEN]
+
+    def action_message(self, action: str) -> Message:
+        if action.startswith("{"):
+            call = json.loads(action)
+            return Message("assistant", "", tool_calls=[ToolCall(call["name"], call["arguments"])])
+        return Message("assistant", action)
+
+    def _gold_actions(self) -> list[dict]:
+        return [a for a in (self.spec.get("evaluation_criteria") or {}).get("actions") or []
+                if a.get("requestor", "assistant") == "assistant"]
+
     def expert_reply(self) -> Message:
         """The gold actions in order (one call per turn), then the task's `communicate_info`, then stop."""
-        actions = [a for a in (self.spec.get("evaluation_criteria") or {}).get("actions") or []
-                   if a.get("requestor", "assistant") == "assistant"]
+        actions = self._gold_actions()
         if self.expert_done < len(actions):
             action = actions[self.expert_done]
             self.expert_done += 1

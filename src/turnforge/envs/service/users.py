@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from turnforge.envs.service.evaluation import action_matches
 from turnforge.policies.base import Generation, Prompt, SamplingParams
-from turnforge.types import Message, ToolCall
+from turnforge.types import Message
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 USER_STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
@@ -96,6 +96,8 @@ class ModelUser:
             flipped.append(Message("user" if m.role == "assistant" else "assistant", m.content))
         gen: Generation = self.client.generate(flipped)
         self.tokens += len(gen.ids)
+        if gen.finish_reason == "exhausted":  # a replayed user with nothing left: the recorded user ended here
+            return STOP
         text = gen.text.strip()
         return text or None  # an empty user message breaks tau2's protocol
 
@@ -162,20 +164,3 @@ class ReplayUserPolicy:
             else:
                 out.append(Generation(text="", finish_reason="exhausted"))
         return out
-
-
-def replay_user_reply(gen: Generation) -> str | None:
-    """A replayed user with nothing left ends the episode as the recorded one ended (USER_STOP)."""
-    return STOP if gen.finish_reason == "exhausted" else gen.text
-
-
-def assistant_call_messages(record_messages: list[dict]) -> list[Message]:
-    """Saved OpenAI-format messages -> turnforge Messages (system messages dropped)."""
-    out = []
-    for m in record_messages:
-        if m.get("role") == "system":
-            continue
-        calls = m.get("tool_calls")
-        out.append(Message(m["role"], m.get("content") or "",
-                           [ToolCall.from_dict(c) for c in calls] if calls else None, m.get("tool_call_id")))
-    return out
