@@ -181,3 +181,43 @@ def test_replay_regrades_a_saved_conversation(tmp_path):
     summary = run_eval("service", {"domain": "desk", "user": "replay"}, f"replay:{saved}", "test", None, 1, 0,
                        tmp_path / "regrade")
     assert summary["n_episodes"] == 3 and summary["success"] == 1.0
+
+
+def test_llm_user_simulator_through_the_user_role(tiny_model_dir, tmp_path):
+    """`--env-opt user=hf:PATH`: the runner builds the user policy and passes it as the `user` role; the user
+    is prompted with tau2's guidelines + scenario, roles flipped, at its own temperature; its tokens are
+    counted apart from the agent's."""
+    from turnforge.envs.service.users import SIMULATION_GUIDELINES
+    from turnforge.eval.runner import env_roles, run_eval
+    from turnforge.policies.base import SamplingParams
+
+    roles = env_roles("service", {"domain": "desk", "user": f"hf:{tiny_model_dir}", "user_temperature": 0.7},
+                      SamplingParams(temperature=0.8, max_new_tokens=8), 0, "expert")
+    assert set(roles) == {"user"} and roles["user"].params.temperature == 0.7
+    assert roles["user"].params.max_new_tokens == 8
+
+    seen = []
+
+    class Recording:
+        name, renderer = "recording-user", None
+
+        def generate(self, prompts, params):
+            seen.extend(prompts)
+            return roles["user"].policy.generate(prompts, params)
+
+    tasks = load_tasks("service", "test", limit=1, domain="desk")
+    opts = {"domain": "desk", "user": "hf:x", "max_steps": 6}
+    from turnforge.policies.queue import Role
+
+    trajectories = run_episodes(make_policy("expert"), lambda: make_env("service", **opts), tasks, 1,
+                                roles={"user": Role(Recording(), SamplingParams(temperature=0.7, max_new_tokens=8))})
+    first = seen[0].messages
+    assert first[0].role == "system" and first[0].content.startswith(SIMULATION_GUIDELINES)
+    assert "<scenario>" in first[0].content and "Reason for call:" in first[0].content
+    assert [m.role for m in first[1:]] == ["user"] and first[1].content == GREETING  # roles flipped
+    details = trajectories[0].score.details
+    assert details["user_tokens"] > 0 and trajectories[0].tokens_generated == 0  # the expert generates no tokens
+
+    summary = run_eval("service", {"domain": "desk", "user": f"hf:{tiny_model_dir}", "max_steps": 4}, "expert",
+                       "test", 1, 1, 0, tmp_path / "run", params=SamplingParams(max_new_tokens=8))
+    assert summary["env_metrics"]["desk"]["user_tokens"] > 0
