@@ -104,7 +104,8 @@ class Domain:
         return self.splits[split]
 
     def to_task(self, task_id: str, split: str) -> Task:
-        return Task(id=task_id, env=ENV_NAME, split=split, category=self.name, data={"domain": self.name})
+        # The task travels whole in Task.data (stages may rename Task.id, e.g. GRPO's "id#k" group copies).
+        return Task(id=task_id, env=ENV_NAME, split=split, category=self.name, data=self.tasks[task_id])
 
 
 _KINDS: dict[str, DomainKind] = {}
@@ -151,7 +152,7 @@ def _load(kind: DomainKind, data_dir: str, tasks_file: str) -> Domain:
     if tasks_file:
         tasks, splits = _read_json(Path(tasks_file)), None
         source += f" + tasks {tasks_file}"
-    by_id = {str(t["id"]): t for t in tasks}
+    by_id = {str(t["id"]): {**t, "id": str(t["id"])} for t in tasks}
     if splits is None:  # no split file: every task is in every split
         splits = {s: list(by_id) for s in ("train", "test", "base")}
     splits = {s: [i for i in ids if i in by_id] for s, ids in splits.items()}

@@ -70,7 +70,9 @@ class ServiceEnv:
         return self._tools
 
     def reset(self, task: Task) -> list[Message]:
-        self.task, self.spec = task, self.domain.tasks[task.id]
+        self.task, self.spec = task, task.data  # tau2's task dict (its own "id" keys the gold DB)
+        if task.data.get("id") not in self.domain.tasks:
+            raise ValueError(f"task {task.id!r} is not a task of service domain {self.domain.name!r} ({self.domain.source})")
         self.db = self.domain.new_db()
         self.toolkit = self.domain.toolkit(self.db)
         self.user: User = ScriptedUser(self.spec) if self.user_kind in SCRIPTED_USERS else \
@@ -183,7 +185,7 @@ class ServiceEnv:
     # ---- grading -----------------------------------------------------------------------------------------
     def _progress(self) -> float:
         """Fraction of the gold write actions whose changed records already equal the gold ones."""
-        gold = self.domain.gold(self.task.id)
+        gold = self.domain.gold(self.spec["id"])
         if not gold.write_records:
             return 0.0
         hits = sum(self.db.same_state(gold.db, keys) for keys in gold.write_records)
@@ -191,7 +193,7 @@ class ServiceEnv:
 
     def _grade(self) -> Score:
         termination = self.termination or "not_ended"
-        gold = self.domain.gold(self.task.id)
+        gold = self.domain.gold(self.spec["id"])
         judge = self._judge if "judge" in self.clients else None
         verdict = evaluate(self.spec, self.history, termination, self.db, gold.db, judge=judge)
         reward = verdict.pop("reward")
