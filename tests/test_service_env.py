@@ -221,3 +221,50 @@ def test_llm_user_simulator_through_the_user_role(tiny_model_dir, tmp_path):
     summary = run_eval("service", {"domain": "desk", "user": f"hf:{tiny_model_dir}", "max_steps": 4}, "expert",
                        "test", 1, 1, 0, tmp_path / "run", params=SamplingParams(max_new_tokens=8))
     assert summary["env_metrics"]["desk"]["user_tokens"] > 0
+
+
+class _Judge:
+    """A scripted NL-assertion judge: says every assertion is met (or answers garbage)."""
+
+    renderer = None
+
+    def __init__(self, reply: str):
+        self.name, self.reply, self.prompts = "judge", reply, []
+
+    def generate(self, prompts, params):
+        from turnforge.policies.base import Generation
+
+        self.prompts.extend(prompts)
+        return [Generation(text=self.reply) for _ in prompts]
+
+
+@needs_tau2
+@pytest.mark.parametrize("reply,expected", [
+    ('{"results": [{"expectedOutcome": "x", "reasoning": "ok", "metExpectation": true}]}', 1.0),
+    ("I cannot grade this.", None),
+])
+def test_nl_assertions_go_to_the_judge_role(reply, expected):
+    from turnforge.policies.base import SamplingParams
+    from turnforge.policies.queue import Role
+
+    opts = {**_opts("retail"), "judge": "hf:judge-model"}
+    task = next(t for t in load_tasks("service", "train", **_opts("retail"))
+                if len(t.data["evaluation_criteria"]["nl_assertions"] or []) == 1)
+    judge = _Judge(reply)
+    [traj] = run_episodes(make_policy("expert"), lambda: make_env("service", **opts), [task], 1,
+                          roles={"judge": Role(judge, SamplingParams(temperature=0.0))})
+    assert traj.score.details["reward_breakdown"]["NL_ASSERTION"] == expected
+    assert traj.score.details["nl_assertion_evaluated"] is (expected is not None)
+    system, user = judge.prompts[0].messages
+    assert "expected outcomes" in system.content and "expectedOutcomes:" in user.content
+    assert "assistant: Hi! How can I help you today?" in user.content
+
+
+def test_service_metrics_per_domain(tmp_path):
+    from turnforge.eval.runner import run_eval
+
+    summary = run_eval("service", {"domain": "desk"}, "random", "test", 4, 2, 0, tmp_path / "random")
+    desk = summary["env_metrics"]["desk"]
+    assert set(desk["pass^k"]) == {"1", "2"} and set(desk["pass@k"]) == {"1", "2"}
+    assert desk["n_episodes"] == 8 and sum(desk["termination"].values()) == 8
+    assert 0.0 <= desk["tool_error_rate"] <= 1.0 and desk["user_tokens"] == 0
