@@ -153,7 +153,8 @@ def _env_components(criteria, basis, db, gold_db, assertion, out) -> dict[str, f
 
 def judge_messages(history: list[Message], assertions: list[str]) -> list[Message]:
     """tau2's NL-assertion prompt: the conversation as `role: content` lines, then the expected outcomes."""
-    conversation = "\n".join(f"{m.role}: {m.content}" for m in history)
+    # tau2 writes a tool-call message's missing content as "None"
+    conversation = "\n".join(f"{m.role}: {m.content if m.content or not m.tool_calls else None}" for m in history)
     user = f"""
         conversation:
         {conversation}

@@ -123,13 +123,14 @@ def parse_docstring(doc: str | None) -> tuple[str, str, dict[str, str]]:
     """(short description, long description, {arg: description}) of a Google-style docstring.
 
     >>> parse_docstring('''Add two numbers.
+    ...     Both are floats.
     ...
     ...     Args:
     ...         a: The first one.
     ...         b: The second,
     ...             on two lines.
     ...     ''')
-    ('Add two numbers.', '', {'a': 'The first one.', 'b': 'The second,\\non two lines.'})
+    ('Add two numbers.', 'Both are floats.', {'a': 'The first one.', 'b': 'The second,\\non two lines.'})
     """
     lines = inspect.cleandoc(doc or "").splitlines()
     body: list[str] = []
@@ -150,8 +151,8 @@ def parse_docstring(doc: str | None) -> tuple[str, str, dict[str, str]]:
                 args[current] = match.group(4).strip()
             elif current is not None:
                 args[current] = (args[current] + "\n" + line.strip()).strip()
-    text = "\n".join(body).strip()
-    short, _, long = text.partition("\n\n")
+    # As docstring_parser (which tau2 uses) splits: the first line is the short description, the rest the long.
+    short, _, long = "\n".join(body).strip().partition("\n")
     return short.strip(), long.strip(), args
 
 
