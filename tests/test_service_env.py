@@ -17,7 +17,7 @@ from turnforge.envs.service.env import GREETING, agent_system_prompt
 from turnforge.envs.service.evaluation import evaluate
 from turnforge.policies import make_policy
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.types import Message, Task, ToolCall
+from turnforge.types import Message, ToolCall
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
 needs_tau2 = pytest.mark.skipif(not (TAU2 / "airline" / "db.json").is_file(), reason="../shared/data/tau2 absent")

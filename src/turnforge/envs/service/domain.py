@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from turnforge.envs.service.episode_db import EpisodeDB, SharedDB
-from turnforge.envs.service.toolkit import Toolkit, ToolKind
+from turnforge.envs.service.toolkit import ToolKind, Toolkit
 from turnforge.types import Task
 
 ENV_NAME = "service"

@@ -27,30 +27,31 @@ DB, ENV_ASSERTION, ACTION, COMMUNICATE, NL_ASSERTION = "DB", "ENV_ASSERTION", "A
 DEFAULT_BASIS = [DB, COMMUNICATE]  # tau2's EvaluationCriteria.reward_basis default
 GRADED_ENDINGS = ("agent_stop", "user_stop")
 
-NL_JUDGE_SYSTEM = """
-        TASK
-        - You will be given a list of expected outcomes and a conversation that was collected during a test case run.
-        - The conversation is between an agent and a customer.
-        - Your job is to evaluate whether the agent satisfies each of the expected outcomes.
-        - Grade each expected outcome individually.
-
-        FORMAT
-        - Your response should be a JSON object with the following fields:
-        - `reasoning`: a short explanation for your classification
-        - `metExpectation`: `true` if the agent satisfies the expected outcomes, `false` otherwise
-        - `expectedOutcome`: repeat the expectation from the input that you are grading
-
-        Example response structure:
-        {
-            "results": [
-                {
-                    "expectedOutcome": "<one of the expected outcomes from the input>",
-                    "reasoning": "<reasoning trace>",
-                    "metExpectation": <false or true>,
-                }
-            ]
-        }
-        """
+_I = " " * 8  # tau2 writes its judge prompts as indented triple-quoted strings; kept byte for byte
+NL_JUDGE_SYSTEM = "\n".join([
+    "", f"{_I}TASK",
+    f"{_I}- You will be given a list of expected outcomes and a conversation that was collected during a test case run.",
+    f"{_I}- The conversation is between an agent and a customer.",
+    f"{_I}- Your job is to evaluate whether the agent satisfies each of the expected outcomes.",
+    f"{_I}- Grade each expected outcome individually.", "",
+    f"{_I}FORMAT",
+    f"{_I}- Your response should be a JSON object with the following fields:",
+    f"{_I}- `reasoning`: a short explanation for your classification",
+    f"{_I}- `metExpectation`: `true` if the agent satisfies the expected outcomes, `false` otherwise",
+    f"{_I}- `expectedOutcome`: repeat the expectation from the input that you are grading",
+    _I,
+    f"{_I}Example response structure:",
+    f"{_I}{{",
+    f'{_I}    "results": [',
+    f"{_I}        {{",
+    f'{_I}            "expectedOutcome": "<one of the expected outcomes from the input>",',
+    f'{_I}            "reasoning": "<reasoning trace>",',
+    f'{_I}            "metExpectation": <false or true>,',
+    f"{_I}        }}",
+    f"{_I}    ]",
+    f"{_I}}}",
+    _I,
+])
 
 
 def action_matches(action: dict, call: ToolCall) -> bool:
@@ -126,7 +127,7 @@ def evaluate(
             breakdown[NL_ASSERTION] = float(all(verdicts))
         out["nl_assertion_evaluated"] = breakdown[NL_ASSERTION] is not None
     reward = 1.0
-    for component, value in breakdown.items():
+    for value in breakdown.values():
         if value is not None:
             reward *= value
     out["reward"] = reward
@@ -155,14 +156,7 @@ def judge_messages(history: list[Message], assertions: list[str]) -> list[Messag
     """tau2's NL-assertion prompt: the conversation as `role: content` lines, then the expected outcomes."""
     # tau2 writes a tool-call message's missing content as "None"
     conversation = "\n".join(f"{m.role}: {m.content if m.content or not m.tool_calls else None}" for m in history)
-    user = f"""
-        conversation:
-        {conversation}
-        
-
-        expectedOutcomes:
-        {assertions}
-        """
+    user = f"\n{_I}conversation:\n{_I}{conversation}\n{_I}\n{_I}expectedOutcomes:\n{_I}{assertions}\n{_I}"
     return [Message("system", NL_JUDGE_SYSTEM), Message("user", user)]
 
 

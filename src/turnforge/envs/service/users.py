@@ -22,24 +22,26 @@ STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE#
 USER_STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
 
 # tau2-bench data/tau2/user_simulator/simulation_guidelines.md (MIT, (c) 2025 Sierra Research), verbatim.
-SIMULATION_GUIDELINES = """# User Simulation Guidelines
-You are playing the role of a customer contacting a customer service representative. 
-Your goal is to simulate realistic customer interactions while following specific scenario instructions.
-
-## Core Principles
-- Generate one message at a time, maintaining natural conversation flow.
-- Strictly follow the scenario instructions you have received.
-- Never make up or hallucinate information not provided in the scenario instructions. Information that is not provided in the scenario instructions should be considered unknown or unavailable.
-- Avoid repeating the exact instructions verbatim. Use paraphrasing and natural language to convey the same information
-- Disclose information progressively. Wait for the agent to ask for specific information before providing it.
-
-## Task Completion
-- The goal is to continue the conversation until the task is complete.
-- If the instruction goal is satisified, generate the '###STOP###' token to end the conversation.
-- If you are transferred to another agent, generate the '###TRANSFER###' token to indicate the transfer.
-- If you find yourself in a situation in which the scenario does not provide enough information for you to continue the conversation, generate the '###OUT-OF-SCOPE###' token to end the conversation.
-
-Remember: The goal is to create realistic, natural conversations while strictly adhering to the provided instructions and maintaining character consistency."""
+SIMULATION_GUIDELINES = "\n".join([
+    '# User Simulation Guidelines',
+    'You are playing the role of a customer contacting a customer service representative.\x20',
+    'Your goal is to simulate realistic customer interactions while following specific scenario instructions.',
+    '',
+    '## Core Principles',
+    '- Generate one message at a time, maintaining natural conversation flow.',
+    '- Strictly follow the scenario instructions you have received.',
+    '- Never make up or hallucinate information not provided in the scenario instructions. Information that is not provided in the scenario instructions should be considered unknown or unavailable.',
+    '- Avoid repeating the exact instructions verbatim. Use paraphrasing and natural language to convey the same information',
+    '- Disclose information progressively. Wait for the agent to ask for specific information before providing it.',
+    '',
+    '## Task Completion',
+    '- The goal is to continue the conversation until the task is complete.',
+    "- If the instruction goal is satisified, generate the '###STOP###' token to end the conversation.",
+    "- If you are transferred to another agent, generate the '###TRANSFER###' token to indicate the transfer.",
+    "- If you find yourself in a situation in which the scenario does not provide enough information for you to continue the conversation, generate the '###OUT-OF-SCOPE###' token to end the conversation.",
+    'Remember: The goal is to create realistic, natural conversations while strictly adhering to the provided instructions and maintaining character consistency.',
+    '',
+])
 
 
 def is_user_stop(text: str) -> bool:
@@ -147,7 +149,7 @@ class ReplayUserPolicy:
         self.name = f"replay-user:{path}"
         self.messages: dict[tuple[str, int], list[str]] = {}
         with self.path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
+            for line in f:
                 if line.strip():
                     record = json.loads(line)
                     key = (str(record["task_id"]), int(record.get("sample", 0)))

@@ -24,7 +24,7 @@ from turnforge.envs.service.airline.db import (
     ReservationFlight,
     User,
 )
-from turnforge.envs.service.toolkit import Toolkit, ToolKind, tool
+from turnforge.envs.service.toolkit import ToolKind, Toolkit, tool
 from turnforge.envs.service.tools_common import calculate_expression
 
 NOW = "2024-05-15T15:00:00"  # tau2's AirlineTools._get_datetime

@@ -4,7 +4,7 @@ errors, the policy's other rules (authentication, confirmation, the 24-hour rule
 from __future__ import annotations
 
 from turnforge.envs.service.desk.db import Appointment, Doctor, Patient
-from turnforge.envs.service.toolkit import Toolkit, ToolKind, tool
+from turnforge.envs.service.toolkit import ToolKind, Toolkit, tool
 
 MAX_SCHEDULED = 3
 CANCEL_REASONS = ("schedule conflict", "feeling better", "other")

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import json
 
-from turnforge.envs.service.retail.db import GiftCard, Order, OrderPayment, Product, User, UserAddress, Variant
-from turnforge.envs.service.toolkit import Toolkit, ToolKind, tool
+from turnforge.envs.service.retail.db import (
+    GiftCard,
+    Order,
+    OrderPayment,
+    Product,
+    User,
+    UserAddress,
+    Variant,
+)
+from turnforge.envs.service.toolkit import ToolKind, Toolkit, tool
 from turnforge.envs.service.tools_common import calculate_expression
 
 _ORDER_ID = "The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id."
@@ -128,7 +136,7 @@ class RetailTools(Toolkit):
     def _price_difference(self, order: Order, item_ids: list[str], new_item_ids: list[str], check_same: bool):
         """Sum of (new price - old price) over the pairs; tau2's checks, in tau2's order."""
         diff = 0
-        for item_id, new_item_id in zip(item_ids, new_item_ids):
+        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=False):
             if check_same and item_id == new_item_id:
                 raise ValueError("The new item id should be different from the old item id")
             item = next((i for i in order.items if i.item_id == item_id), None)
@@ -271,7 +279,7 @@ class RetailTools(Toolkit):
         # tau2 quirk kept: every modified item takes the price and options of the LAST new variant checked.
         last = self._variant(order.items[in_order.index(item_ids[-1])].product_id, new_item_ids[-1]) \
             if item_ids else None
-        for item_id, new_item_id in zip(item_ids, new_item_ids):
+        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=False):
             item = next((i for i in order.items if i.item_id == item_id), None)
             if item is None:
                 raise ValueError(f"Item {item_id} not found")
