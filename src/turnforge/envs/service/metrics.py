@@ -44,4 +44,8 @@ def _figures(trajectories: list[Trajectory]) -> dict:
         "user_tokens": sum(d.get("user_tokens", 0) for d in details),
         "user_failures": sum(d.get("termination") == "user_error" for d in details),
         "nl_assertion_not_evaluated": sum(d.get("nl_assertion_evaluated") is False for d in details),
+        # success over the evaluated components is an upper bound where NL_ASSERTION was not evaluated:
+        # this is the success rate of the episodes whose every reward_basis component was evaluated
+        "success_fully_evaluated": mean([float(t.score.success) for t, d in zip(trajectories, details, strict=True)
+                                         if d.get("nl_assertion_evaluated") is not False]),
     }
