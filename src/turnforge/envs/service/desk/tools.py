@@ -1,4 +1,4 @@
-"""The desk toolkit: 9 tools (5 READ, 3 WRITE, 1 GENERIC) over the clinic DB; limits the tools enforce raise
+"""The desk toolkit: 10 tools (5 READ, 4 WRITE, 1 GENERIC) over the clinic DB; limits the tools enforce raise
 errors, the policy's other rules (authentication, confirmation, the 24-hour rule) are the agent's to keep."""
 
 from __future__ import annotations
