@@ -106,6 +106,10 @@ class EnvSpec:
     options: list[EnvOption] = field(default_factory=list)
     env_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None
     """The benchmark's own summary figures (e.g. DBBench's overall_cat_accuracy): summary.json "env_metrics"."""
+    model_roles: Callable[[dict[str, Any], str], dict[str, tuple[Any, dict[str, Any]]]] | None = None
+    """Model roles the env's options ask for (e.g. `user=hf:PATH`): (options, agent policy spec) -> {role:
+    (policy spec, or a ready scripted policy; sampling overrides)}. The eval runner builds the policies and
+    passes them as `roles=` (eval/runner.py `env_roles`); the env never builds a model."""
 
     def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate `--env-opt` values (strings from the CLI or typed values from code)."""
@@ -154,6 +158,7 @@ def _load_builtin() -> None:
     # Importing the packages registers them; kept lazy so `import turnforge` stays light.
     import turnforge.envs.bfcl  # noqa: F401
     import turnforge.envs.household  # noqa: F401
+    import turnforge.envs.service  # noqa: F401
     import turnforge.envs.sql  # noqa: F401
 
 

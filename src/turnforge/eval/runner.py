@@ -24,6 +24,7 @@ from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.eval.metrics import summarize
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import BackendError, Policy, SamplingParams
+from turnforge.policies.roles import env_roles
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.rundir import check_out_dir, locked
@@ -89,6 +90,7 @@ def run_eval(
     out = Path(out_dir)
     check_out_dir(out)
     check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
+    roles = env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
     with locked(out):  # one process per out dir: two evals would write every episode twice
         (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
@@ -115,6 +117,7 @@ def run_eval(
                     skip=frozenset(t.key for t in previous),
                     seed=seed,
                     renderer=policy.renderer,
+                    roles=roles,
                 )
             except BackendError as e:  # what finished is on disk: say so, and how to go on
                 done = len(previous) + len(finished)

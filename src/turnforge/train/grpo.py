@@ -33,6 +33,7 @@ How it departs from plain TRL:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -52,6 +53,8 @@ from turnforge.models import load_model
 from turnforge.models.tiny import resolve_model
 from turnforge.policies.base import Policy, SamplingParams
 from turnforge.policies.hf import HFPolicy
+from turnforge.policies.queue import Role
+from turnforge.policies.roles import env_roles
 from turnforge.rewards import COMPONENTS, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.train.runtime import (
@@ -142,6 +145,7 @@ class EpisodeRollouts:
         self.settings = settings
         self.log_path = log_path
         self.policy_factory = policy_factory or rollout_policy
+        self.role_policies: dict[str, Role] | None = None
         self.rng = random.Random(settings.seed)
         self.calls = 0
         self.episodes = 0
@@ -198,7 +202,7 @@ class EpisodeRollouts:
         limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
         trajs = run_episodes(
             policy, lambda: make_env(self.env_name, **self.env_options), keyed, width, limits, params, skip=skip,
-            renderer=policy.renderer,
+            renderer=policy.renderer, roles=self._roles(params),
         )
         by_key: dict[str, list[Trajectory]] = {}
         for traj in trajs:
@@ -210,6 +214,12 @@ class EpisodeRollouts:
                 traj.task_id = task.id
             groups.append((task, group))
         return groups
+
+    def _roles(self, params: SamplingParams) -> dict[str, Role]:
+        """The env's model roles (e.g. a user simulator), built once; each rollout gets this call's seed."""
+        if self.role_policies is None:
+            self.role_policies = env_roles(self.env_name, self.env_options, params, self.settings.seed, "hf")
+        return {name: Role(r.policy, dataclasses.replace(r.params, seed=params.seed)) for name, r in self.role_policies.items()}
 
     def _resample(self, model, groups):
         """DAPO dynamic sampling: swap zero-variance full groups for fresh tasks' groups."""
@@ -248,6 +258,8 @@ class EpisodeRollouts:
             prompt, completion, mask, logprobs = episode_sequence(traj, self.settings.max_completion_length)
             if not completion:  # an episode that ended before its first reply (env error): one pad token, no loss
                 completion, mask, logprobs = [self.tokenizer.pad_token_id], [0], [0.0]
+            if not prompt:  # its reset failed too: no rendered prompt (an empty list would become a float tensor)
+                prompt = [self.tokenizer.pad_token_id]
             out["prompt_ids"].append(prompt)
             out["completion_ids"].append(completion)
             out["env_mask"].append(mask)

@@ -1,0 +1,84 @@
+"""The service env: tau2-bench-compatible customer-service episodes (retail, airline, built-in desk).
+
+    turnforge eval --env service --env-opt domain=retail --env-opt data_dir=../shared/data/tau2/retail --policy expert --out runs/retail-gold
+    turnforge eval --env service --env-opt domain=airline --env-opt data_dir=PATH --policy hf --model M \
+        --env-opt user=hf:U --samples 4 --temperature 0.8 --out runs/airline
+    turnforge eval --env service --env-opt domain=desk --policy random --out runs/desk
+
+Tasks: one per tau2 task of the split (`split_tasks.json`, else every task in every split); `Task.id` is
+tau2's id, `Task.category` the domain. The user is `scripted` (tests, gold runs), `replay` (re-grade saved
+conversations with `--policy replay:FILE`) or a policy spec (`hf:PATH`, `openai:URL#model`, ...) that the eval
+runner builds and passes as the `user` role; `judge=SPEC` does the same for NL_ASSERTION.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnforge.envs.base import EnvOption, EnvSpec, register_env
+from turnforge.envs.service.domain import ENV_NAME, domain_names, load_domain
+from turnforge.envs.service.env import SCRIPTED_USERS, ServiceEnv
+from turnforge.envs.service.metrics import service_metrics
+from turnforge.envs.service.users import ReplayUserPolicy
+from turnforge.policies import PolicySpec
+from turnforge.types import Task
+
+__all__ = ["ServiceEnv", "load_service_tasks", "service_metrics"]
+
+SPLITS = ("train", "test", "base")
+
+
+def load_service_tasks(split: str, limit: int | None = None, domain: str = "desk", data_dir: str = "",
+                       tasks: str = "", **_episode_options: Any) -> list[Task]:
+    """The tasks of `split` in the domain's order."""
+    loaded = load_domain(domain, data_dir, tasks)
+    ids = loaded.split_ids(split)
+    return [loaded.to_task(i, split) for i in ids[:limit]]
+
+
+def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tuple[Any, dict[str, Any]]]:
+    """The model roles these options ask for: role -> (policy spec or replayed user, sampling overrides).
+
+    `user=replay` replays the user messages of the agent's own replay file (`--policy replay:FILE`).
+    """
+    roles: dict[str, tuple[Any, dict[str, Any]]] = {}
+    user = options.get("user", "scripted")
+    if user == "replay":
+        kind, _, path = agent_spec.partition(":")
+        if kind != "replay" or not path:
+            raise ValueError("--env-opt user=replay replays the conversations of --policy replay:FILE; give that policy")
+        roles["user"] = (ReplayUserPolicy(path), {})
+    elif user not in SCRIPTED_USERS:
+        PolicySpec.parse(user)  # a bad spec fails before any episode
+        roles["user"] = (user, {"temperature": options.get("user_temperature", 0.7)})
+    if options.get("judge"):
+        roles["judge"] = (options["judge"], {"temperature": 0.0})
+    return roles
+
+
+SERVICE_SPEC = register_env(
+    EnvSpec(
+        name=ENV_NAME,
+        description="tau2-bench customer service (retail, airline from tau2's data; built-in desk): tools over a DB, "
+                    "a simulated user, tau2's DB/ACTION/COMMUNICATE/NL verdict",
+        factory=ServiceEnv,
+        load_tasks=load_service_tasks,
+        categories=tuple(d for d in domain_names() if d != "telecom"),
+        splits=SPLITS,
+        env_metrics=service_metrics,
+        model_roles=model_roles,
+        options=[
+            EnvOption("domain", str, "desk", "retail, airline (need data_dir) or desk (built in); telecom: not yet", domain_names()),
+            EnvOption("data_dir", str, "", "a tau2 domain folder: db.json or db.toml, policy.md, tasks.json, "
+                      "optional split_tasks.json"),
+            EnvOption("tasks", str, "", "another tasks JSON in tau2's schema (all its tasks form every split)"),
+            EnvOption("user", str, "scripted", "scripted | replay (with --policy replay:FILE) | a policy spec for an "
+                      "LLM user simulator: hf:PATH, openai:URL#model, vllm:PATH"),
+            EnvOption("user_temperature", float, 0.7, "the user simulator's sampling temperature (tau2: 0.7)"),
+            EnvOption("judge", str, "", "policy spec of the NL_ASSERTION judge (empty: NL assertions not evaluated)"),
+            EnvOption("max_steps", int, 100, "orchestrator steps per episode (tau2: 100)"),
+            EnvOption("max_errors", int, 10, "tool errors per episode (tau2: 10)"),
+            EnvOption("format", str, "tool_call", "how the agent writes tool calls", ("tool_call",)),
+        ],
+    )
+)

@@ -1,0 +1,207 @@
+"""A domain = policy text + a toolkit over a pydantic DB + tasks in tau2's schema.
+
+Loaded from a data folder in tau2-bench's layout (`db.json` or `db.toml`, `policy.md`, `tasks.json`, optional
+`split_tasks.json`) or built in (`desk`). A loaded domain is cached per process (the airline DB is parsed
+once, 7 MB), and so is each task's gold DB (the gold actions applied to a fresh episode DB), which every
+episode of that task is compared with.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from turnforge.envs.service.episode_db import EpisodeDB, SharedDB
+from turnforge.envs.service.toolkit import ToolKind, Toolkit
+from turnforge.types import Task
+
+ENV_NAME = "service"
+
+
+@dataclass
+class DomainKind:
+    """What a domain is made of, whatever folder its data comes from."""
+
+    name: str
+    db_model: type[BaseModel]
+    toolkit: type[Toolkit]
+    policy_files: tuple[str, ...] = ("policy.md",)
+    builtin: Callable[[], tuple[dict, str, list[dict], dict[str, list[str]] | None]] | None = None
+    """Built-in domains: () -> (db dict, policy text, tasks, splits)."""
+
+
+@dataclass
+class Gold:
+    """A task's gold DB, and for each gold write action the records it changed (for the partial score)."""
+
+    db: EpisodeDB
+    write_records: list[dict[str, set[str]]]
+    errors: list[str]
+
+
+@dataclass
+class Domain:
+    kind: DomainKind
+    shared: SharedDB
+    policy: str
+    tasks: dict[str, dict]
+    splits: dict[str, list[str]]
+    source: str
+    _gold: dict[str, Gold] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    def new_db(self) -> EpisodeDB:
+        return EpisodeDB(self.shared)
+
+    def toolkit(self, db: EpisodeDB) -> Toolkit:
+        return self.kind.toolkit(db)
+
+    def tool_kinds(self) -> dict[str, ToolKind]:
+        return self.kind.toolkit.tool_kinds()
+
+    def gold(self, task_id: str) -> Gold:
+        """The gold DB of `task_id`: tau2 applies the gold actions to a fresh env, ignoring their errors."""
+        with self._lock:
+            if task_id not in self._gold:
+                self._gold[task_id] = self._make_gold(self.tasks[task_id])
+            return self._gold[task_id]
+
+    def _make_gold(self, task: dict) -> Gold:
+        db = self.new_db()
+        tools = self.toolkit(db)
+        kinds = self.tool_kinds()
+        records, errors = [], []
+        for action in (task.get("evaluation_criteria") or {}).get("actions") or []:
+            if action.get("requestor", "assistant") != "assistant":
+                errors.append(f"{action['name']}: user actions need the user's toolkit")
+                continue
+            before = {n: {k: db.record_json(n, k) for k in keys} for n, keys in db.touched().items()}
+            result = tools.call(action["name"], dict(action.get("arguments") or {}))
+            if result.error:
+                errors.append(f"{action['name']}: {result.content}")
+            if kinds.get(action["name"]) == ToolKind.WRITE:
+                changed = {
+                    n: {k for k in keys if db.record_json(n, k) != before.get(n, {}).get(k, db.shared.record_json(n, k))}
+                    for n, keys in db.touched().items()
+                }
+                records.append({n: ks for n, ks in changed.items() if ks})
+        return Gold(db=db, write_records=records, errors=errors)
+
+    def split_ids(self, split: str) -> list[str]:
+        if split not in self.splits:
+            raise ValueError(f"domain {self.name!r} ({self.source}) has no split {split!r}; it has {sorted(self.splits)}")
+        return self.splits[split]
+
+    def to_task(self, task_id: str, split: str) -> Task:
+        # The task travels whole in Task.data (stages may rename Task.id, e.g. GRPO's "id#k" group copies).
+        return Task(id=task_id, env=ENV_NAME, split=split, category=self.name, data=self.tasks[task_id])
+
+
+_KINDS: dict[str, DomainKind] = {}
+_LOADED: dict[tuple[str, str, str], Domain] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def register_domain(kind: DomainKind) -> DomainKind:
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def domain_names() -> tuple[str, ...]:
+    """The domains `--env-opt domain=` accepts (telecom is listed to say clearly that it is not there yet)."""
+    _register_builtin()
+    return tuple(sorted([*_KINDS, "telecom"]))
+
+
+def load_domain(name: str, data_dir: str = "", tasks_file: str = "") -> Domain:
+    """The domain `name`, from `data_dir` (tau2's layout) or built in; `tasks_file` replaces its tasks."""
+    _register_builtin()
+    if name == "telecom":
+        raise NotImplementedError(
+            "service domain 'telecom' is not implemented yet: its dual control (the user's 30 device tools over "
+            "user_db.toml, the environment's sync after each step, initialization_actions, ENV_ASSERTION functions) "
+            "has no code here; retail, airline and desk are available"
+        )
+    if name not in _KINDS:
+        raise ValueError(f"unknown service domain {name!r}; choose one of {', '.join(sorted(_KINDS))}")
+    key = (name, str(Path(data_dir).resolve()) if data_dir else "", str(Path(tasks_file).resolve()) if tasks_file else "")
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = _load(_KINDS[name], data_dir, tasks_file)
+        return _LOADED[key]
+
+
+def _load(kind: DomainKind, data_dir: str, tasks_file: str) -> Domain:
+    if data_dir:
+        folder = Path(data_dir)
+        if not folder.is_dir():
+            raise ValueError(f"service domain {kind.name!r}: data_dir {folder} is not a folder (tau2's "
+                             "data/tau2/domains/<domain>/ layout: db.json or db.toml, policy.md, tasks.json)")
+        raw_db, policy, tasks, splits = _read_folder(kind, folder)
+        source = str(folder)
+    elif kind.builtin is not None:
+        raw_db, policy, tasks, splits = kind.builtin()
+        source = "built in"
+    else:
+        raise ValueError(f"service domain {kind.name!r} needs its data: --env-opt data_dir=PATH/tau2-bench/data/tau2/"
+                         f"domains/{kind.name}")
+    if tasks_file:
+        tasks, splits = _read_json(Path(tasks_file)), None
+        source += f" + tasks {tasks_file}"
+    by_id = {str(t["id"]): {**t, "id": str(t["id"])} for t in tasks}
+    if splits is None:  # no split file: every task is in every split
+        splits = {s: list(by_id) for s in ("train", "test", "base")}
+    splits = {s: [i for i in ids if i in by_id] for s, ids in splits.items()}
+    db = kind.db_model.model_validate(raw_db)
+    return Domain(kind=kind, shared=SharedDB(db), policy=policy, tasks=by_id, splits=splits, source=source)
+
+
+def _read_folder(kind: DomainKind, folder: Path) -> tuple[dict, str, list[dict], dict | None]:
+    if (folder / "db.json").is_file():
+        raw_db = _read_json(folder / "db.json")
+    elif (folder / "db.toml").is_file():
+        raw_db = tomllib.loads((folder / "db.toml").read_text(encoding="utf-8"))
+    else:
+        raise ValueError(f"{folder} holds no db.json or db.toml")
+    policy_path = next((folder / p for p in kind.policy_files if (folder / p).is_file()), None)
+    if policy_path is None:
+        raise ValueError(f"{folder} holds none of {', '.join(kind.policy_files)}")
+    tasks = _read_json(folder / "tasks.json")
+    split_file = folder / "split_tasks.json"
+    splits = _read_json(split_file) if split_file.is_file() else None
+    return raw_db, policy_path.read_text(encoding="utf-8"), tasks, splits
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
+def _register_builtin() -> None:
+    if _KINDS:
+        return
+    from turnforge.envs.service.airline.db import FlightDB
+    from turnforge.envs.service.airline.tools import AirlineTools
+    from turnforge.envs.service.desk import DESK
+    from turnforge.envs.service.retail.db import RetailDB
+    from turnforge.envs.service.retail.tools import RetailTools
+
+    register_domain(DomainKind("retail", RetailDB, RetailTools))
+    register_domain(DomainKind("airline", FlightDB, AirlineTools))
+    if DESK is not None:
+        register_domain(DESK)

@@ -1,0 +1,250 @@
+"""ServiceEnv: a tau2-bench customer-service episode (half duplex: agent <-> user, agent <-> tools).
+
+The conversation opens as tau2's orchestrator opens it: the system prompt (`<instructions>` + `<policy>`), the
+assistant greeting "Hi! How can I help you today?", and the user's first message. Each agent turn is one
+action: a message to the user (a reply without tool calls; its answer is the user's next message) or tool
+calls (each run on the episode's own DB; its answer is one tool message per call, errors included as
+"Error: ..." observations). Termination as tau2's orchestrator: the agent's `###STOP###` (AGENT_STOP), the
+user's `###STOP###` / `###TRANSFER###` / `###OUT-OF-SCOPE###` (USER_STOP), `max_steps` orchestrator steps
+(each agent message, tool answer and user message is one) and `max_errors` tool errors, checked where tau2
+checks them; a user that breaks protocol (empty message) ends it as USER_ERROR. Only AGENT_STOP and USER_STOP
+are graded (evaluation.py). Departure: a reply whose tool call cannot be parsed gets the format's error as a
+tool observation and counts as a tool error (tau2's function-calling API never yields one).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from turnforge.envs.service.domain import Domain, load_domain
+from turnforge.envs.service.evaluation import GRADED_ENDINGS, evaluate, judge_messages, read_judge_reply
+from turnforge.envs.service.users import STOP, ModelUser, ScriptedUser, User, is_user_stop
+from turnforge.formats import get_format
+from turnforge.formats.base import FormatError
+from turnforge.formats.plain_text import PlainTextEndsTurn
+from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
+
+GREETING = "Hi! How can I help you today?"  # tau2 orchestrator DEFAULT_FIRST_AGENT_MESSAGE
+AGENT_STOP_TOKEN = "###STOP###"
+AGENT_INSTRUCTION = """You are a customer service agent that helps the user according to the <policy> provided below.
+In each turn you can either:
+- Send a message to the user.
+- Make a tool call.
+You cannot do both at the same time.
+
+Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."""
+SCRIPTED_USERS = ("scripted",)
+
+_STOPS = {"user_stop": StopReason.user_stop, "max_steps": StopReason.max_turns,
+          "too_many_errors": StopReason.failure, "user_error": StopReason.failure}
+
+
+def agent_system_prompt(policy: str) -> str:
+    """tau2's LLMAgent system prompt, exactly."""
+    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+class ServiceEnv:
+    """One tau2-style episode at a time. `make_env("service", domain="retail", data_dir=PATH)`."""
+
+    name = "service"
+
+    def __init__(self, domain: str = "desk", data_dir: str = "", tasks: str = "", user: str = "scripted",
+                 user_temperature: float = 0.7, judge: str = "", max_steps: int = 100, max_errors: int = 10,
+                 format: str = "tool_call"):
+        self.domain: Domain = load_domain(domain, data_dir, tasks)
+        self.format = PlainTextEndsTurn(get_format(format))
+        if not self.format.uses_tools:
+            raise ValueError(f"the service env needs a tool format (tool_call), not {format!r}")
+        self.user_kind, self.max_steps, self.max_errors = user, max_steps, max_errors
+        self.roles: tuple[str, ...] = (() if user in SCRIPTED_USERS else ("user",)) + (("judge",) if judge else ())
+        self.clients: dict[str, Any] = {}
+        self._tools = self.domain.kind.toolkit.schemas()
+
+    # ---- Env protocol ------------------------------------------------------------------------------------
+    def use_roles(self, clients: dict[str, Any]) -> None:
+        self.clients = clients
+
+    def tools(self) -> list[dict] | None:
+        return self._tools
+
+    def reset(self, task: Task) -> list[Message]:
+        self.task, self.spec = task, task.data  # tau2's task dict (its own "id" keys the gold DB)
+        if task.data.get("id") not in self.domain.tasks:
+            raise ValueError(f"task {task.id!r} is not a task of service domain {self.domain.name!r} ({self.domain.source})")
+        self.db = self.domain.new_db()
+        self.toolkit = self.domain.toolkit(self.db)
+        self.user: User = ScriptedUser(self.spec) if self.user_kind in SCRIPTED_USERS else \
+            ModelUser(self.clients["user"], self.spec.get("user_scenario") or {})
+        self.history: list[Message] = [Message("assistant", GREETING)]  # tau2's trajectory
+        self.conversation: list[Message] = [Message("assistant", GREETING)]  # what the user sees
+        self.steps = self.errors = self.tool_calls = self.user_errors = 0
+        self.termination: str | None = None
+        self.expert_done = 0
+        self.progress = 0.0
+        self._score: Score | None = None
+        first = self._user_turn()
+        return [Message("system", agent_system_prompt(self.domain.policy)), Message("assistant", GREETING), *first]
+
+    def step(self, reply: Message | FormatError) -> StepResult:
+        assert self.termination is None, "the episode has ended; call reset(task)"
+        if self._replayed_greeting(reply):
+            return StepResult([], info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
+        if isinstance(reply, FormatError):
+            out = self._unparsable(reply)
+        elif reply.tool_calls:
+            out = self._tool_turn(reply)
+        else:
+            out = self._message_turn(reply)
+        done = self.termination is not None
+        return StepResult(out, done=done, stop=_STOPS.get(self.termination) if done else None,
+                          info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
+
+    def score(self) -> Score:
+        if self._score is None:
+            self._score = self._grade()
+        return self._score
+
+    def close(self) -> None:
+        self.clients = {}
+
+    # ---- turns -------------------------------------------------------------------------------------------
+    def _message_turn(self, reply: Message) -> list[Message]:
+        message = Message("assistant", reply.content)
+        self.history.append(message)
+        self.steps += 1
+        if AGENT_STOP_TOKEN in reply.content:
+            self.termination = "agent_stop"
+            self._check_limits()
+            return []
+        self.conversation.append(message)
+        self._check_limits()
+        if self.termination is not None:
+            return []
+        return self._user_turn()
+
+    def _user_turn(self) -> list[Message]:
+        text = self.user.reply(self.conversation, self.history)
+        self.steps += 1
+        if text is None:
+            self.user_errors += 1
+            self.termination = "user_error"
+            return []
+        message = Message("user", text)
+        self.history.append(message)
+        self.conversation.append(message)
+        if is_user_stop(text):
+            self.termination = "user_stop"
+        self._check_limits()
+        return [message]
+
+    def _tool_turn(self, reply: Message) -> list[Message]:
+        calls = [ToolCall(c.name, c.arguments, c.id or f"call_{self.tool_calls + i}") for i, c in enumerate(reply.tool_calls)]
+        self.history.append(Message("assistant", reply.content, tool_calls=calls))
+        self.steps += 1
+        if AGENT_STOP_TOKEN in reply.content:  # tau2 stops before the calls reach the environment
+            self.termination = "agent_stop"
+            return []
+        out, wrote = [], False
+        for call in calls:
+            result = self.toolkit.call(call.name, call.arguments)
+            self.tool_calls += 1
+            self.errors += result.error
+            wrote |= self.domain.tool_kinds().get(call.name) == "write"
+            self.history.append(Message("tool", result.content, tool_call_id=call.id, name=call.name))
+            out.append(self.format.observation(result.content, call))
+        self.steps += 1
+        if wrote:
+            self.progress = self._progress()
+        self._check_limits()
+        return out
+
+    def _unparsable(self, error: FormatError) -> list[Message]:
+        self.history.append(Message("assistant", error.text))
+        text = self.format.error_observation(error)
+        self.history.append(Message("tool", text))
+        self.steps += 2
+        self.errors += 1
+        self._check_limits()
+        return [self.format.observation(text)]
+
+    def _replayed_greeting(self, reply: Message | FormatError) -> bool:
+        """A saved tau2 conversation starts with the greeting, which this env already sent: a replayed copy of
+        it, as the agent's first reply, is skipped (not a step, not sent to the user)."""
+        return (self.user_kind == "replay" and len(self.history) == 2 and isinstance(reply, Message)
+                and not reply.tool_calls and reply.content.strip() == GREETING)
+
+    def _check_limits(self) -> None:
+        """tau2's `_check_termination`, run where it runs (not while tool calls await their answer)."""
+        if self.steps >= self.max_steps:
+            self.termination = "max_steps"
+        if self.errors >= self.max_errors:
+            self.termination = "too_many_errors"
+
+    # ---- grading -----------------------------------------------------------------------------------------
+    def _progress(self) -> float:
+        """Fraction of the gold write actions whose changed records already equal the gold ones."""
+        gold = self.domain.gold(self.spec["id"])
+        if not gold.write_records:
+            return 0.0
+        hits = sum(self.db.same_state(gold.db, keys) for keys in gold.write_records)
+        return hits / len(gold.write_records)
+
+    def _grade(self) -> Score:
+        termination = self.termination or "not_ended"
+        gold = self.domain.gold(self.spec["id"])
+        judge = self._judge if "judge" in self.clients else None
+        verdict = evaluate(self.spec, self.history, termination, self.db, gold.db, judge=judge)
+        reward = verdict.pop("reward")
+        details = {
+            "domain": self.domain.name,
+            "termination": termination,
+            "reward_basis": verdict.pop("reward_basis"),
+            "reward_breakdown": verdict.pop("reward_breakdown"),
+            **verdict,
+            "steps": self.steps,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.errors,
+            "user_errors": self.user_errors,
+            "user_tokens": self.user.tokens,
+        }
+        if gold.errors:
+            details["gold_errors"] = gold.errors
+        success = termination in GRADED_ENDINGS and abs(reward - 1.0) < 1e-6
+        return Score(success=success, reward=reward, progress=self.progress, details=details)
+
+    def _judge(self, history: list[Message], assertions: list[str]) -> list[bool] | None:
+        gen = self.clients["judge"].generate(judge_messages(history, assertions))
+        return read_judge_reply(gen.text, len(assertions))
+
+    # ---- scripted policies -------------------------------------------------------------------------------
+    def admissible_actions(self) -> list[str]:
+        """For `--policy random`: the task's gold calls (as JSON), a transfer, a question and the stop token."""
+        actions = [json.dumps({"name": a["name"], "arguments": a.get("arguments") or {}}, sort_keys=True)
+                   for a in self._gold_actions()]
+        transfer = {"name": "transfer_to_human_agents", "arguments": {"summary": "The customer needs help."}}
+        return actions + [json.dumps(transfer), "Could you give me more details, please?", AGENT_STOP_TOKEN]
+
+    def action_message(self, action: str) -> Message:
+        if action.startswith("{"):
+            call = json.loads(action)
+            return Message("assistant", "", tool_calls=[ToolCall(call["name"], call["arguments"])])
+        return Message("assistant", action)
+
+    def _gold_actions(self) -> list[dict]:
+        return [a for a in (self.spec.get("evaluation_criteria") or {}).get("actions") or []
+                if a.get("requestor", "assistant") == "assistant"]
+
+    def expert_reply(self) -> Message:
+        """The gold actions in order (one call per turn), then the task's `communicate_info`, then stop."""
+        actions = self._gold_actions()
+        if self.expert_done < len(actions):
+            action = actions[self.expert_done]
+            self.expert_done += 1
+            return Message("assistant", "", tool_calls=[ToolCall(action["name"], dict(action.get("arguments") or {}))])
+        if self.expert_done == len(actions):
+            self.expert_done += 1
+            info = (self.spec.get("evaluation_criteria") or {}).get("communicate_info") or []
+            return Message("assistant", "; ".join(info) if info else "Your request has been handled.")
+        return Message("assistant", STOP)

@@ -1,0 +1,51 @@
+"""Per-domain summary figures of service episodes (summary.json "env_metrics").
+
+For each domain (Task.category) and overall: pass^k and pass@k for k = 1..samples (tau2's pass^k averaged over
+tasks), mean reward, tau2 termination reasons, tool-error rate (errors / tool calls), user and agent token
+counts, user-side failures, and how many episodes had an NL_ASSERTION component left unevaluated (no judge).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from turnforge.eval.metrics import pass_at_k, pass_hat_k
+from turnforge.types import Trajectory
+
+
+def service_metrics(trajectories: list[Trajectory]) -> dict:
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        groups[t.category].append(t)
+    out = {domain: _figures(group) for domain, group in sorted(groups.items())}
+    if len(groups) > 1:
+        out["all"] = _figures(trajectories)
+    return out
+
+
+def _figures(trajectories: list[Trajectory]) -> dict:
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for t in trajectories:
+        counts[t.task_id][0] += 1
+        counts[t.task_id][1] += int(t.score.success)
+    fewest = min((n for n, _ in counts.values()), default=0)
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    details = [t.score.details for t in trajectories]
+    tool_calls = sum(d.get("tool_calls", 0) for d in details)
+    return {
+        "n_tasks": len(counts),
+        "n_episodes": len(trajectories),
+        "pass^k": {str(k): mean([pass_hat_k(n, c, k) for n, c in counts.values()]) for k in range(1, fewest + 1)},
+        "pass@k": {str(k): mean([pass_at_k(n, c, k) for n, c in counts.values()]) for k in range(1, fewest + 1)},
+        "mean_reward": mean([t.score.reward for t in trajectories]),
+        "termination": dict(Counter(d.get("termination", "env_error") for d in details)),
+        "tool_error_rate": sum(d.get("tool_errors", 0) for d in details) / tool_calls if tool_calls else 0.0,
+        "agent_tokens": sum(t.tokens_generated for t in trajectories),
+        "user_tokens": sum(d.get("user_tokens", 0) for d in details),
+        "user_failures": sum(d.get("termination") == "user_error" for d in details),
+        "nl_assertion_not_evaluated": sum(d.get("nl_assertion_evaluated") is False for d in details),
+        # success over the evaluated components is an upper bound where NL_ASSERTION was not evaluated:
+        # this is the success rate of the episodes whose every reward_basis component was evaluated
+        "success_fully_evaluated": mean([float(t.score.success) for t, d in zip(trajectories, details, strict=True)
+                                         if d.get("nl_assertion_evaluated") is not False]),
+    }
