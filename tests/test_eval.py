@@ -125,7 +125,7 @@ def test_cli_eval_runs_and_prints_the_table(tmp_path):
         (["--policy", "hf", "--model", "/no/such/model"], "model folder /no/such/model does not exist"),
         (["--policy", "sometimes"], "unknown policy"),
         (["--split", "nope"], "has no split"),
-        (["--limit-open", "0"], "max_open must be at least 1"),
+        (["--limit-open", "0"], "--limit-open must be at least 1"),
     ],
 )
 def test_cli_eval_bad_input_is_one_clear_line(tmp_path, extra, message):
@@ -189,3 +189,22 @@ def test_out_pointing_at_a_file_is_one_line(tmp_path):
     target.write_text("x")
     result = runner.invoke(app, ["eval", "--env", "household", "--tasks", "1", "--out", str(target)])
     assert result.exit_code == 2 and "is a file, not a folder" in result.output and "Traceback" not in result.output
+
+
+def test_env_errors_fail_the_command_with_their_cause_and_are_redone_on_resume(tmp_path):
+    """Issue 17: an unreachable database gave 0 % success and exit 0, and a rerun did not retry."""
+    out = tmp_path / "bogus"
+    args = ["eval", "--env", "sql", "--env-opt", "generate=3", "--env-opt", "db_url=bogus://x", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "3 of 3 episodes ended in an env error" in result.output
+    assert "bogus" in result.output and "Traceback" not in result.output
+    assert (out / "summary.json").exists() and len(_episodes(out)) == 3  # written all the same
+
+    ok = tmp_path / "ok"
+    _eval(ok, n_tasks=3)
+    lines = (ok / "episodes.jsonl").read_text().splitlines()
+    broken = json.loads(lines[1])
+    broken["stop_reason"] = "env_error"
+    (ok / "episodes.jsonl").write_text("\n".join([lines[0], json.dumps(broken), lines[2]]) + "\n")
+    summary = _eval(ok, n_tasks=3)  # the env-error episode is played again; its new line replaces the old
+    assert summary["success"] == 1.0 and summary["n_episodes"] == 3 and len(_episodes(ok)) == 4

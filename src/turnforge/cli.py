@@ -28,7 +28,7 @@ from rich.text import Text
 
 from turnforge.envs.base import list_envs
 from turnforge.envs.household.cli import household_app
-from turnforge.eval.runner import run_eval
+from turnforge.eval.runner import EnvErrors, run_eval
 from turnforge.eval.table import print_summary
 from turnforge.pipeline import print_comparison, run_recipe
 from turnforge.policies import BackendError, PolicySpec
@@ -58,7 +58,7 @@ def _user_errors(command: Callable) -> Callable:
         except (ValueError, NotImplementedError, FileNotFoundError, BackendNotInstalled) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(USAGE_ERROR) from None
-        except BackendError as e:
+        except (BackendError, EnvErrors) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(BACKEND_ERROR) from None
 
@@ -125,8 +125,15 @@ def eval_command(
     api_key_env: Annotated[
         str | None, typer.Option(help="Environment variable holding the server's API key (default OPENAI_API_KEY).")
     ] = None,
+    max_env_errors: Annotated[
+        float, typer.Option(help="Share of episodes that may end in an env error before the command fails.")
+    ] = 0.0,
 ) -> None:
     """Evaluate a policy; writes OUT/episodes.jsonl and OUT/summary.json and prints the table."""
+    if limit_open < 1:  # said here, in the flag's own name
+        raise ValueError(f"--limit-open must be at least 1 (episodes open at once), got {limit_open}")
+    if not 0.0 <= max_env_errors <= 1.0:
+        raise ValueError(f"--max-env-errors is a share of the episodes, in 0..1; got {max_env_errors}")
     kind = PolicySpec.parse(policy).kind
     policy_options: dict[str, Any] = {}
     if kind == "openai":
@@ -148,6 +155,7 @@ def eval_command(
         params=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                               stop=list(stop or []), seed=seed),
         policy_options=policy_options,
+        max_env_errors=max_env_errors,
     )
     print_summary(summary)
     typer.echo(f"wrote {out / 'summary.json'} and {out / 'episodes.jsonl'}")

@@ -28,7 +28,7 @@ from turnforge.policies.roles import env_roles
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.rundir import check_out_dir, locked
-from turnforge.types import Task, Trajectory, read_trajectories
+from turnforge.types import StopReason, Task, Trajectory, read_trajectories
 
 # Policy options that do not change results, left out of a run's identity (a resume may change them).
 _NOT_IN_IDENTITY = frozenset({"batch_size", "device", "concurrency", "api_key_env", "request_timeout", "max_retries"})
@@ -51,8 +51,13 @@ def run_eval(
     limits: RolloutLimits | None = None,
     params: SamplingParams | None = None,
     policy_options: dict[str, Any] | None = None,
+    max_env_errors: float = 0.0,
 ) -> dict:
     """Evaluate `policy_spec` on env `env`; writes run.json, episodes.jsonl, summary.json; returns the summary.
+
+    An env error is not a score: when more than `max_env_errors` (a share of the episodes; default none) ended
+    in one, `EnvErrors` is raised after everything is written, naming the first cause; the same command then
+    redoes those episodes (and only those).
 
     `n_tasks=None` takes the whole split (for a replay: the tasks its file holds). `params` are the sampling
     settings of model policies (default: `SamplingParams(seed=seed)`); `policy_options` go to the model
@@ -114,7 +119,7 @@ def run_eval(
                     limits,
                     params=params,
                     on_finish=on_finish,
-                    skip=frozenset(t.key for t in previous),
+                    skip=frozenset(t.key for t in previous if t.stop_reason is not StopReason.env_error),
                     seed=seed,
                     renderer=policy.renderer,
                     roles=roles,
@@ -141,7 +146,26 @@ def run_eval(
         if usage is not None:  # a server policy's token usage, this invocation's (as wall_s)
             summary["usage"] = usage.to_dict()
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    check_env_errors(episodes, max_env_errors, out)
     return summary
+
+
+class EnvErrors(RuntimeError):
+    """Too many episodes ended in env errors for their results to be scores (the run's files are written)."""
+
+
+def check_env_errors(episodes: list[Trajectory], max_share: float, out: Path) -> None:
+    """Raise `EnvErrors` when more than `max_share` of `episodes` ended in an env error."""
+    failed = [t for t in episodes if t.stop_reason is StopReason.env_error]
+    if not failed or len(failed) <= max_share * len(episodes):
+        return
+    error = str(failed[0].score.details.get("error") or "").strip().splitlines()
+    cause = error[-1] if error else "no traceback recorded"
+    raise EnvErrors(
+        f"{len(failed)} of {len(episodes)} episodes ended in an env error, so {out} holds no valid score; the first "
+        f"({failed[0].task_id} sample {failed[0].sample}): {cause}. Fix the cause and run the same command again: "
+        "only those episodes are redone (or allow a share with --max-env-errors)"
+    )
 
 
 def _select_tasks(
@@ -221,6 +245,6 @@ def _rewrite(path: Path, lines: list[str]) -> None:
 def _episodes_of(tasks: list[Task], samples: int, episodes: list[Trajectory]) -> list[Trajectory]:
     """The episodes of the selected tasks, one per (task_id, sample), in task then sample order."""
     by_key = {}
-    for traj in episodes:
-        by_key.setdefault(traj.key, traj)
+    for traj in episodes:  # a later line of one key is a redone env-error episode: it replaces the earlier
+        by_key[traj.key] = traj
     return [by_key[(t.id, s)] for t in tasks for s in range(samples) if (t.id, s) in by_key]
