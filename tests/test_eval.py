@@ -208,3 +208,10 @@ def test_env_errors_fail_the_command_with_their_cause_and_are_redone_on_resume(t
     (ok / "episodes.jsonl").write_text("\n".join([lines[0], json.dumps(broken), lines[2]]) + "\n")
     summary = _eval(ok, n_tasks=3)  # the env-error episode is played again; its new line replaces the old
     assert summary["success"] == 1.0 and summary["n_episodes"] == 3 and len(_episodes(ok)) == 4
+
+
+def test_version_and_run_help_list_what_a_new_user_needs():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("turnforge ")
+    result = runner.invoke(app, ["run", "--help"], terminal_width=200)
+    assert result.exit_code == 0 and "quickstart" in result.output and "agentbench_ironguard" in result.output

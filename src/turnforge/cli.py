@@ -33,7 +33,7 @@ from turnforge.eval.table import print_summary
 from turnforge.pipeline import print_comparison, run_recipe
 from turnforge.policies import BackendError, PolicySpec
 from turnforge.policies.base import BackendNotInstalled, SamplingParams
-from turnforge.recipes import load_recipe
+from turnforge.recipes import load_recipe, packaged_recipes
 from turnforge.rollout import RolloutLimits
 
 app = typer.Typer(
@@ -42,6 +42,23 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(household_app, name="household")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"turnforge {version('turnforge')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    """Train and evaluate small LLM agents on multi-turn, tool-using environments."""
 
 USAGE_ERROR = 2  # the exit code click uses for bad usage; scripts can tell it from a crash (1)
 BACKEND_ERROR = 1  # a model server failed mid-run (the episodes finished so far are kept)
@@ -171,7 +188,8 @@ ModelOption = Annotated[str | None, typer.Option(help="Base model (model.name): 
 @app.command("run")
 @_user_errors
 def run_command(
-    recipe: Annotated[str, typer.Argument(help="Recipe file, or a packaged recipe's name: quickstart.")],
+    recipe: Annotated[str, typer.Argument(
+        help="Recipe file, or a packaged recipe's name: " + ", ".join(packaged_recipes()) + ".")],
     out: Annotated[Path, typer.Option(help="Run directory; re-running with the same --out resumes.")],
     model: ModelOption = None,
     set_: SetOption = None,
