@@ -57,8 +57,26 @@ def _main(
     version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
     ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Also show the libraries' warnings and logs.")] = False,
 ) -> None:
     """Train and evaluate small LLM agents on multi-turn, tool-using environments."""
+    if not verbose:
+        quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """Hide the libraries' warnings and log chatter (transformers' generation flags, sqlglot, RuntimeWarnings with
+    source paths); turnforge's own warnings still show. `--verbose` keeps everything."""
+    import logging
+    import os
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"turnforge(\.|$)")  # checked first: ours stay visible
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in ("sqlglot", "transformers", "datasets", "accelerate", "peft", "trl", "httpx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 USAGE_ERROR = 2  # the exit code click uses for bad usage; scripts can tell it from a crash (1)
 BACKEND_ERROR = 1  # a model server failed mid-run (the episodes finished so far are kept)
