@@ -3,7 +3,7 @@
 `lockstep_episodes` below is the previous `run_episodes` kept for this comparison (not in src/): each round
 opens episodes up to `max_open`, makes ONE batched `generate` call for every open episode, then steps every
 env (inline, or with `--lockstep-workers N` in a pool of N threads) before the next round starts. It uses the
-same per-episode functions as the new engine (`_step`, `_to_trajectory`), so the two differ in scheduling only.
+same per-episode functions as the new engine (`turnforge.episode`: `step_episode`, `to_trajectory`), so the two differ in scheduling only.
 
 Three scenarios (each prints seconds, episodes/s, the ratio, and whether the episodes are identical):
   a. household + the tiny hf model on CPU, prefix cache on, greedy: is the new engine any slower?
@@ -30,19 +30,20 @@ from functools import partial
 
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.household import HouseholdEnv
+from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
 from turnforge.models.tiny import build_tiny_model
 from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.policies.queue import Role, RoleStats
 from turnforge.policies.scripted import ExpertPolicy
-from turnforge.rollout import RolloutLimits, _Episode, _fail, _step, _to_trajectory, run_episodes
+from turnforge.rollout import run_episodes
 from turnforge.types import Message, Trajectory
 
 # ---- the lock-step loop, as it was ------------------------------------------------------------------------
 
 
 def lockstep_episodes(policy, env_factory, tasks, samples, limits, params, renderer=None, workers=0):
-    queue = deque(_Episode(t, s, i) for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples)))
+    queue = deque(Episode(t, s, i) for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples)))
     finished: list[Trajectory] = []
     idle, open_eps = [], []
     pool = ThreadPoolExecutor(workers) if workers else None
@@ -61,10 +62,10 @@ def lockstep_episodes(policy, env_factory, tasks, samples, limits, params, rende
             gens = policy.generate(prompts, params)
             for ep in live:
                 ep.generate_s += (time.perf_counter() - t0) / len(live)
-            run_all(lambda pair: _step(*pair, limits, renderer), zip(live, gens, strict=True))
+            run_all(lambda pair: step_episode(*pair, limits, renderer), zip(live, gens, strict=True))
         for ep in open_eps:
             if ep.closed:
-                finished.append(_to_trajectory(ep, 0, policy.name))
+                finished.append(to_trajectory(ep, 0, policy.name))
                 if ep.error is None:
                     idle.append(ep.env)
         open_eps = [ep for ep in open_eps if not ep.closed]
@@ -81,7 +82,7 @@ def _lockstep_reset(ep, env_factory, renderer):
         ep.messages = list(ep.env.reset(ep.task))
         ep.tools = ep.env.tools()
     except Exception:
-        _fail(ep)
+        fail_episode(ep)
         return
     if renderer is not None:
         ep.prompt_ids = renderer.prompt_ids(ep.messages, ep.tools)

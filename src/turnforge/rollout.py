@@ -33,84 +33,22 @@ import asyncio
 import sys
 import threading
 import time
-import traceback
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from turnforge.envs.base import Env, UsesRoles
-from turnforge.formats.base import FormatError
-from turnforge.models.chat import ChatRenderer, window_messages
-from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
+from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
+from turnforge.models.chat import ChatRenderer
+from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.policies.queue import ModelThread, Role, RoleClient, RoleQueues, RoleStats
-from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
+from turnforge.types import Task, Trajectory
 
 T = TypeVar("T")
 STATUS_EVERY_S = 30.0  # without a terminal, one status line this often
-
-
-@dataclass
-class RolloutLimits:
-    """When episodes are cut short, how many run at once, where env calls run. The defaults suit a laptop."""
-
-    max_turns: int | None = None
-    """Assistant turns per episode -> StopReason.max_turns; None leaves it to the env's own step limit."""
-    max_format_errors: int | None = 5
-    """CONSECUTIVE unparsable replies -> StopReason.format_error_limit; None = no limit. Consecutive, not
-    total: a model that recovers from a slip goes on, one stuck repeating bad output is cut off."""
-    max_open: int = 64
-    """Episodes alive at once = the largest batch of a `generate` call."""
-    env_workers: int | None = None
-    """Where env calls run. None: the calls of envs that may wait (`env.blocks`: SQL servers, sandboxes, slow
-    steps; or envs with model roles) in a pool of one thread per open episode, the others inline on the event
-    loop (microsecond envs: no thread hop, and batches that never depend on thread timing). 0: all inline
-    (envs with model roles cannot run so). N: all in a pool of N threads."""
-    max_total_tokens: int | None = None
-    """Cap on an episode's tokens -> StopReason.max_tokens: its whole id sequence (prompt + generated +
-    observations) when token-exact (with a history window: the next windowed prompt), else its generated
-    tokens; None = no cap."""
-    batch_wait_s: float = 0.05
-    """How long a pending model request waits for more episodes to join its batch when some episode is busy
-    elsewhere (an env step, another role); when every live episode waits on a model, batches go at once."""
-
-    def __post_init__(self) -> None:
-        at_least_one = {"max_turns": self.max_turns, "max_format_errors": self.max_format_errors}
-        at_least_one |= {"max_open": self.max_open, "max_total_tokens": self.max_total_tokens}
-        for name, value in at_least_one.items():
-            if value is not None and value < 1:
-                raise ValueError(f"rollout limit {name} must be at least 1, got {value}")
-        if self.env_workers is not None and self.env_workers < 0:
-            raise ValueError(f"rollout limit env_workers must be >= 0 (0 = inline), got {self.env_workers}")
-        if self.batch_wait_s < 0:
-            raise ValueError(f"rollout limit batch_wait_s must be >= 0, got {self.batch_wait_s}")
-
-
-@dataclass
-class _Episode:
-    """One episode's state; touched only by its own coroutine (and the env thread it is waiting on)."""
-
-    task: Task
-    sample: int
-    order: int  # index in the run's task x sample order: sorts each batch, so batches do not depend on timing
-    env: Env | None = None
-    messages: list[Message] = field(default_factory=list)
-    tools: list[dict] | None = None
-    turns: list[Turn] = field(default_factory=list)
-    prompt_ids: list[int] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    format_errors_in_a_row: int = 0
-    env_steps: int = 0
-    tokens_generated: int = 0
-    started: float = 0.0  # when the episode opened (not when it was queued)
-    generate_s: float = 0.0
-    env_s: float = 0.0
-    closed: bool = False
-    stop: StopReason | None = None  # None when closed = the env ended it; success/failure comes from score()
-    error: str | None = None  # traceback of an env failure
 
 
 def run_episodes(
@@ -142,7 +80,7 @@ def run_episodes(
         roles or {},
     )
     episodes = [
-        _Episode(t, s, i)
+        Episode(t, s, i)
         for i, (t, s) in enumerate((t, s) for t in tasks for s in range(samples_per_task))
         if (t.id, s) not in skip
     ]
@@ -153,7 +91,7 @@ def run_episodes(
     return sorted(finished, key=lambda t: order[t.key])
 
 
-def _run_on_loop_thread(job: _Run, episodes: list[_Episode]) -> list[Trajectory]:
+def _run_on_loop_thread(job: _Run, episodes: list[Episode]) -> list[Trajectory]:
     """The event loop on a thread of its own; this thread serves the model calls until the loop is done."""
     model_thread = ModelThread()
     box: dict[str, Any] = {}
@@ -201,7 +139,7 @@ class _Run:
         if self.loop is not None and self.main is not None:
             self.loop.call_soon_threadsafe(self.main.cancel)
 
-    async def run(self, episodes: list[_Episode], model_thread: ModelThread) -> list[Trajectory]:
+    async def run(self, episodes: list[Episode], model_thread: ModelThread) -> list[Trajectory]:
         self.loop, self.main = asyncio.get_running_loop(), asyncio.current_task()
         queue, finished = deque(episodes), []
         unfinished = len(episodes)  # queued + open: min(max_open, unfinished) episodes are alive
@@ -244,15 +182,15 @@ class _Run:
                 _close(env)
         return finished
 
-    async def play_episode(self, ep: _Episode) -> Trajectory:
+    async def play_episode(self, ep: Episode) -> Trajectory:
         """One episode, start to end: reset -> (generate -> parse -> step)* -> score."""
         ep.env = self.idle_envs.pop() if self.idle_envs else self.make_env(ep)
         await self.env_call(ep, self.reset, ep)
         while not ep.closed:
             gen, share = await self.queues.generate("agent", self.prompt(ep), ep.order)
             ep.generate_s += share  # each episode carries its share of the batched call
-            await self.env_call(ep, _step, ep, gen, self.limits, self.renderer)
-        traj = await self.env_call(ep, _to_trajectory, ep, self.seed, self.policy.name)
+            await self.env_call(ep, step_episode, ep, gen, self.limits, self.renderer)
+        traj = await self.env_call(ep, to_trajectory, ep, self.seed, self.policy.name)
         if ep.error is None:
             self.idle_envs.append(ep.env)
         elif ep.env is not None:  # an env that raised is not reused
@@ -261,17 +199,17 @@ class _Run:
         self.queues.release([(ep.task.id, ep.sample)])
         return traj
 
-    def make_env(self, ep: _Episode) -> Env | None:
+    def make_env(self, ep: Episode) -> Env | None:
         """A new env from the factory (on the loop: envs are made once per slot); None after a failure."""
         try:
             env = self.env_factory()
         except Exception:
-            _fail(ep)
+            fail_episode(ep)
             return None
         self.made_envs.append(env)
         return env
 
-    def reset(self, ep: _Episode) -> None:
+    def reset(self, ep: Episode) -> None:
         ep.started = time.perf_counter()
         if ep.env is None:  # its construction failed (make_env)
             return
@@ -280,7 +218,7 @@ class _Run:
             ep.messages = list(ep.env.reset(ep.task))
             ep.tools = ep.env.tools()
         except Exception:
-            _fail(ep)
+            fail_episode(ep)
             return
         finally:
             ep.env_s += time.perf_counter() - ep.started
@@ -288,7 +226,7 @@ class _Run:
             ep.prompt_ids = self.renderer.prompt_ids(ep.messages, ep.tools)
             ep.ids = list(ep.prompt_ids)
 
-    def bind_roles(self, ep: _Episode) -> None:
+    def bind_roles(self, ep: Episode) -> None:
         """Give the env a client for each model role it declares, bound to this episode."""
         if not isinstance(ep.env, UsesRoles) or not ep.env.roles:
             return
@@ -300,7 +238,7 @@ class _Run:
             raise ValueError(f"env {name!r} asks model roles from its steps; it cannot be stepped inline (env_workers=0)")
         ep.env.use_roles({r: RoleClient(self.queues, r, ep.task, ep.sample, ep.order) for r in ep.env.roles})
 
-    def prompt(self, ep: _Episode) -> Prompt:
+    def prompt(self, ep: Episode) -> Prompt:
         # The prompt shares the episode's lists (no copy on the hot path): policies read them, never mutate.
         return Prompt(
             messages=ep.messages,
@@ -312,7 +250,7 @@ class _Run:
             env=ep.env,
         )
 
-    async def env_call(self, ep: _Episode, fn: Callable[..., T], *args: Any) -> T:
+    async def env_call(self, ep: Episode, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the episode's env: in an env worker thread, or inline (see `RolloutLimits.env_workers`)."""
         if self.pool is None or not self.threaded(ep.env):
             return fn(*args)
@@ -330,115 +268,6 @@ def _close(env: Env) -> None:
     except Exception as e:  # a failing close must not hide the run's results
         warnings.warn(f"closing env {getattr(env, 'name', type(env).__name__)!r} failed: {e}", RuntimeWarning,
                       stacklevel=2)
-
-
-def _step(ep: _Episode, gen: Generation, limits: RolloutLimits, renderer: ChatRenderer | None) -> None:
-    """Apply one generation to its episode; closes the episode when it stops."""
-    ep.tokens_generated += len(gen.ids)
-    if gen.finish_reason == "exhausted":  # the policy has nothing left to say (e.g. replay ran out)
-        ep.closed, ep.stop = True, StopReason.gave_up
-        return
-    t0 = time.perf_counter()
-    try:
-        parsed = ep.env.format.parse(gen.text)
-        result = ep.env.step(parsed)
-    except Exception:
-        _fail(ep)
-        return
-    finally:
-        ep.env_s += time.perf_counter() - t0
-    ep.env_steps += 1
-    parse_error = parsed.reason if isinstance(parsed, FormatError) else None
-    turn = Turn(
-        text=gen.text,
-        generated_ids=list(gen.ids),
-        logprobs=list(gen.logprobs),
-        reward=result.reward,
-        progress=float(result.info.get("progress", 0.0)),
-        parse_ok=parse_error is None,
-        parse_error=parse_error,
-        finish_reason=gen.finish_reason,
-    )
-    ep.messages.append(Message("assistant", gen.text))
-    if renderer is not None:
-        _append_ids(ep, turn, result.messages, renderer, gen.finish_reason)
-    ep.messages.extend(result.messages)
-    ep.turns.append(turn)
-    ep.format_errors_in_a_row = 0 if parse_error is None else ep.format_errors_in_a_row + 1
-    tokens = len(ep.ids) if renderer is not None else ep.tokens_generated
-    ep.closed, ep.stop = _stop_after_step(ep, result, tokens, limits)
-
-
-def _append_ids(
-    ep: _Episode, turn: Turn, observation: list[Message], renderer: ChatRenderer, finish_reason: str
-) -> None:
-    """Extend the episode's ids after a turn (`ep.messages` ends with the raw assistant message).
-
-    Without a window: generated ids + the observation delta, onto the one growing sequence. With one: the turn
-    keeps the prompt it was generated from, and the next prompt is the windowed conversation rendered anew.
-    """
-    if renderer.window is None:
-        turn.observation_ids = renderer.observation_ids(
-            ep.messages, observation, ep.tools, turn.generated_ids, finish_reason
-        )
-        ep.ids += turn.generated_ids + turn.observation_ids
-    else:
-        turn.prompt_ids = ep.ids
-        ep.ids = renderer.prompt_ids(window_messages(ep.messages + observation, renderer.window), ep.tools)
-
-
-def _stop_after_step(
-    ep: _Episode, result: StepResult, tokens: int, limits: RolloutLimits
-) -> tuple[bool, StopReason | None]:
-    """(closed, reason); the env's own end comes first, then our limits."""
-    if result.done:
-        return True, result.stop
-    if limits.max_format_errors is not None and ep.format_errors_in_a_row >= limits.max_format_errors:
-        return True, StopReason.format_error_limit
-    if limits.max_turns is not None and len(ep.turns) >= limits.max_turns:
-        return True, StopReason.max_turns
-    if limits.max_total_tokens is not None and tokens >= limits.max_total_tokens:
-        return True, StopReason.max_tokens
-    return False, None
-
-
-def _fail(ep: _Episode) -> None:
-    ep.closed, ep.stop, ep.error = True, StopReason.env_error, traceback.format_exc()
-
-
-def _final_score(ep: _Episode) -> tuple[Score, StopReason]:
-    if ep.error is None:
-        try:
-            score = ep.env.score()
-            return score, ep.stop or (StopReason.success if score.success else StopReason.failure)
-        except Exception:
-            _fail(ep)
-    progress = ep.turns[-1].progress if ep.turns else 0.0
-    return Score(
-        success=False, reward=0.0, progress=progress, details={"error": ep.error}
-    ), StopReason.env_error
-
-
-def _to_trajectory(ep: _Episode, seed: int, model: str) -> Trajectory:
-    score, stop = _final_score(ep)
-    return Trajectory(
-        task_id=ep.task.id,
-        env=ep.task.env,
-        category=ep.task.category,
-        split=ep.task.split,
-        sample=ep.sample,
-        messages=ep.messages,
-        turns=ep.turns,
-        score=score,
-        stop_reason=stop,
-        prompt_ids=ep.prompt_ids,
-        tokens_generated=ep.tokens_generated,
-        env_steps=ep.env_steps,
-        timings={"wall_s": time.perf_counter() - ep.started, "generate_s": ep.generate_s, "env_s": ep.env_s},
-        seed=seed,
-        model=model,
-        tools=ep.tools,
-    )
 
 
 @contextmanager
