@@ -215,3 +215,38 @@ def test_version_and_run_help_list_what_a_new_user_needs():
     assert result.exit_code == 0 and result.output.startswith("turnforge ")
     result = runner.invoke(app, ["run", "--help"], terminal_width=200)
     assert result.exit_code == 0 and "quickstart" in result.output and "agentbench_ironguard" in result.output
+
+
+@pytest.mark.slow
+def test_twenty_sigkills_during_an_eval_lose_nothing_and_duplicate_nothing(tmp_path):
+    """Issue 17's kill/resume loop: SIGKILL an eval at random moments 20 times, resuming each time; the finished
+    run holds every episode exactly once, with the same outcomes as an uninterrupted run."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cli = [sys.executable, "-c", "from turnforge.cli import app; app()"]
+    args = ["eval", "--env", "household", "--policy", "random", "--tasks", "30", "--samples", "2",
+            "--env-opt", "step_delay_ms=60", "--limit-open", "4"]  # ~45 s of steps: kills land mid-run
+    out, reference = tmp_path / "killed", tmp_path / "reference"
+    rng = random.Random(0)
+    kills = 0
+    while kills < 20:
+        proc = subprocess.Popen([*cli, *args, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(1.0, 3.0))
+        if proc.poll() is not None:
+            break  # it finished before the kill
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    assert subprocess.run([*cli, *args, "--out", str(out)], capture_output=True, timeout=600).returncode == 0
+    assert subprocess.run([*cli, *args, "--out", str(reference)], capture_output=True, timeout=600).returncode == 0
+    keys = [e.key for e in _episodes(out)]
+    assert kills == 20 and sorted(keys) == sorted(set(keys)) and len(keys) == 60, (kills, len(keys))
+
+    def outcomes(run):
+        return sorted((e.key, e.score.success, e.stop_reason, len(e.turns)) for e in _episodes(run))
+
+    assert outcomes(out) == outcomes(reference)

@@ -16,6 +16,7 @@ ISSUE_KEYS = {
     "pass@k", "pass^k", "mean_reward", "mean_progress", "mean_turns", "stop_reasons", "by_category",
     "wall_s", "env_steps", "tokens_generated",
     "sampling",  # issue 14: the sampling settings of the run
+    "format_errors", "tool_errors",  # issue 17: unparsable replies and refused actions, counted
 }  # fmt: skip
 
 

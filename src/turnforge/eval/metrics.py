@@ -17,7 +17,7 @@ from turnforge.types import StopReason, Trajectory
 SUMMARY_KEYS = (
     "env", "split", "policy", "n_tasks", "samples_per_task", "n_episodes", "success", "success_ci",
     "pass@k", "pass^k", "mean_reward", "mean_progress", "mean_turns", "stop_reasons", "by_category",
-    "wall_s", "env_steps", "tokens_generated", "sampling",
+    "wall_s", "env_steps", "tokens_generated", "format_errors", "tool_errors", "sampling",
 )  # fmt: skip
 
 
@@ -164,5 +164,9 @@ def summarize(
         "wall_s": wall_s,
         "env_steps": sum(t.env_steps for t in trajectories),
         "tokens_generated": sum(t.tokens_generated for t in trajectories),
+        # Replies the format could not parse, and actions / tool calls the env refused (`details["tool_errors"]`):
+        # observations the agent got, counted here so that a run's share of them is visible.
+        "format_errors": sum(not turn.parse_ok for t in trajectories for turn in t.turns),
+        "tool_errors": sum(int(t.score.details.get("tool_errors", 0) or 0) for t in trajectories),
         "sampling": sampling,
     }

@@ -156,6 +156,7 @@ class BfclEnv:
                 "failed_turn": first_failure,
                 "steps": self.steps,
                 "failed_calls": self.failed_calls,
+                "tool_errors": self.failed_calls,  # the summary's count of refused actions
                 "format_errors": self.format_errors,
                 "force_quit": self.force_quit,
                 "timed_out": self.timed_out,

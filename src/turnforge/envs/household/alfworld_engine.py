@@ -130,7 +130,8 @@ class AlfWorldEnv:
 
     def score(self) -> Score:
         return Score(self.won, float(self.won), float(self.won),
-                     {"steps": self.steps, "invalid_actions": self.invalid, "format_errors": self.format_errors})
+                     {"steps": self.steps, "invalid_actions": self.invalid, "tool_errors": self.invalid,
+                      "format_errors": self.format_errors})
 
     def admissible_actions(self) -> list[str]:
         return list(self.state["admissible_commands"])

@@ -169,6 +169,7 @@ class HouseholdEnv:
             details={
                 "steps": self.steps,
                 "invalid_actions": self.invalid,
+                "tool_errors": self.invalid,  # the summary's count of refused actions
                 "format_errors": self.format_errors,
                 "subgoals": sorted(self.subgoals),
             },

@@ -124,6 +124,7 @@ class SqlEnv:
                 "compared": compared,
                 "statements": len(self.statements),
                 "sql_errors": self.sql_errors,
+                "tool_errors": self.sql_errors,  # the summary's count of refused actions
                 "format_errors": self.format_errors,
                 "subgoals": sorted(self.subgoals),
                 **({"setup_error": self.setup_error} if self.setup_error else {}),
