@@ -17,6 +17,7 @@ ISSUE_KEYS = {
     "wall_s", "env_steps", "tokens_generated",
     "sampling",  # issue 14: the sampling settings of the run
     "format_errors", "tool_errors",  # issue 17: unparsable replies and refused actions, counted
+    "wall_s_invocation",  # issue 17: wall_s is the run's across resumes, this the last invocation's
 }  # fmt: skip
 
 

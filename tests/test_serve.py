@@ -152,7 +152,7 @@ def test_household_eval_through_http_equals_the_in_process_eval(url, tiny_model_
     http = run_eval(policy_spec=f"openai:{url}#tiny", out_dir=tmp_path / "http",
                     policy_options={"concurrency": 4}, **common)
     differ = {k for k in local.keys() | http.keys() if local.get(k) != http.get(k)}
-    assert differ == {"policy", "wall_s", "usage"}
+    assert differ == {"policy", "wall_s", "wall_s_invocation", "usage"}
     assert http["usage"]["completion_tokens"] == http["tokens_generated"] > 0 and http["usage"]["retries"] == 0
     assert http["sampling"] == local["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
                                                      "max_new_tokens": 12, "stop": [], "seed": 0}

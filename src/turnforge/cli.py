@@ -80,6 +80,7 @@ def quiet_libraries() -> None:
 
 USAGE_ERROR = 2  # the exit code click uses for bad usage; scripts can tell it from a crash (1)
 BACKEND_ERROR = 1  # a model server failed mid-run (the episodes finished so far are kept)
+INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 
 def _user_errors(command: Callable) -> Callable:
@@ -96,6 +97,8 @@ def _user_errors(command: Callable) -> Callable:
         except (BackendError, EnvErrors) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(BACKEND_ERROR) from None
+        except KeyboardInterrupt:  # what was kept has been said where it is known (the eval runner)
+            raise typer.Exit(INTERRUPTED) from None
 
     return wrapper
 

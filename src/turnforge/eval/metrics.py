@@ -17,7 +17,7 @@ from turnforge.types import StopReason, Trajectory
 SUMMARY_KEYS = (
     "env", "split", "policy", "n_tasks", "samples_per_task", "n_episodes", "success", "success_ci",
     "pass@k", "pass^k", "mean_reward", "mean_progress", "mean_turns", "stop_reasons", "by_category",
-    "wall_s", "env_steps", "tokens_generated", "format_errors", "tool_errors", "sampling",
+    "wall_s", "wall_s_invocation", "env_steps", "tokens_generated", "format_errors", "tool_errors", "sampling",
 )  # fmt: skip
 
 
@@ -136,6 +136,7 @@ def summarize(
     samples_per_task: int,
     wall_s: float = 0.0,
     sampling: dict | None = None,
+    wall_s_invocation: float | None = None,
 ) -> dict:
     """The summary.json of an evaluation (keys are a contract: later stages and external checks read them).
 
@@ -161,7 +162,8 @@ def summarize(
         "mean_turns": _mean(len(t.turns) for t in trajectories),
         "stop_reasons": _stop_reason_counts(trajectories),
         "by_category": _by_category(trajectories),
-        "wall_s": wall_s,
+        "wall_s": wall_s,  # the run's time, across resumes
+        "wall_s_invocation": wall_s if wall_s_invocation is None else wall_s_invocation,
         "env_steps": sum(t.env_steps for t in trajectories),
         "tokens_generated": sum(t.tokens_generated for t in trajectories),
         # Replies the format could not parse, and actions / tool calls the env refused (`details["tool_errors"]`):

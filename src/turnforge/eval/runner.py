@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -36,6 +37,7 @@ _NOT_IN_IDENTITY = frozenset({"batch_size", "device", "concurrency", "api_key_en
 RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
+WALL_FILE = ".wall_s"  # seconds the run has taken so far, across resumes
 
 
 def run_eval(
@@ -102,13 +104,20 @@ def run_eval(
         episodes_path = out / EPISODES_FILE
         previous = read_episodes(episodes_path)
 
-        started = time.perf_counter()
+        wanted = {(t.id, s) for t in tasks for s in range(samples)}
+        done_before = sum(t.key in wanted and t.stop_reason is not StopReason.env_error for t in previous)
+        if done_before:
+            print(f"resuming {out}: {done_before} of {len(wanted)} episodes already done", file=sys.stderr)
+        wall_file, started = out / WALL_FILE, time.perf_counter()
+        wall_before = _read_wall(wall_file)
         finished = []
         with episodes_path.open("a", encoding="utf-8") as sink:
 
             def on_finish(traj: Trajectory) -> None:
                 append_episode(sink, traj)
                 finished.append(traj.key)
+                # The run's time across resumes, kept up to its last finished episode (a kill loses no more).
+                wall_file.write_text(f"{wall_before + time.perf_counter() - started:.3f}\n", encoding="utf-8")
 
             try:
                 new = run_episodes(
@@ -129,6 +138,10 @@ def run_eval(
                 raise BackendError(
                     f"{e} [{done} finished episodes are kept in {episodes_path}; the same command resumes]", e.status
                 ) from e
+            except KeyboardInterrupt:
+                print(f"interrupted: {done_before + len(finished)} of {len(wanted)} episodes are kept in "
+                      f"{episodes_path}; the same command resumes", file=sys.stderr)
+                raise
         episodes = _episodes_of(tasks, samples, previous + new)
         summary = summarize(
             episodes,
@@ -136,9 +149,11 @@ def run_eval(
             split=split,
             policy=policy_spec,
             samples_per_task=samples,
-            wall_s=time.perf_counter() - started,  # this invocation's time; a resumed run counts only its own
+            wall_s=wall_before + time.perf_counter() - started,  # the run's, across resumes
             sampling=dataclasses.asdict(params),
+            wall_s_invocation=time.perf_counter() - started,
         )
+        wall_file.write_text(f"{summary['wall_s']:.3f}\n", encoding="utf-8")
         env_metrics = get_env_spec(env).env_metrics
         if env_metrics is not None:
             summary["env_metrics"] = env_metrics(episodes)
@@ -148,6 +163,13 @@ def run_eval(
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     check_env_errors(episodes, max_env_errors, out)
     return summary
+
+
+def _read_wall(path: Path) -> float:
+    try:
+        return float(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0.0
 
 
 class EnvErrors(RuntimeError):
