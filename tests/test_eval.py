@@ -253,3 +253,10 @@ def test_twenty_sigkills_during_an_eval_lose_nothing_and_duplicate_nothing(tmp_p
         return sorted((e.key, e.score.success, e.stop_reason, len(e.turns)) for e in _episodes(run))
 
     assert outcomes(out) == outcomes(reference)
+
+
+def test_envs_never_cuts_a_choice():
+    """Issue 17: long choices (BFCL's category names) were cut with an ellipsis."""
+    result = runner.invoke(app, ["envs"], terminal_width=80)
+    assert result.exit_code == 0 and "…" not in result.output
+    assert "multi_turn_long_context" in result.output.replace("\n", "").replace(" ", "") or "bfcl" not in result.output

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 from rich import box
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from turnforge.envs.base import list_envs
@@ -122,12 +122,22 @@ def envs() -> None:
         # Text, not markup: descriptions hold brackets such as "turnforge[alfworld]".
         console.print(Text.assemble((spec.name, "bold"), f" — {spec.description}"))
         console.print(Text(f"  splits: {', '.join(spec.splits)}\n  categories: {', '.join(spec.categories)}"))
-        options = Table("--env-opt", "default", "choices", "help", box=box.SIMPLE, title_justify="left")
+        # Choices wrap whole (fold), never cut with an ellipsis: a user copies them into --env-opt.
+        options = Table(Column("--env-opt", no_wrap=True), "default", Column("choices / range", overflow="fold", min_width=25),
+                        Column("help", overflow="fold", ratio=1), box=box.SIMPLE, title_justify="left")
         for o in spec.options:
-            options.add_row(
-                *(Text(cell) for cell in (o.name, repr(o.default), " | ".join(o.choices or ()), o.help))
-            )
+            options.add_row(*(Text(cell) for cell in (o.name, repr(o.default), _allowed(o), o.help)))
         console.print(options)
+
+
+def _allowed(option) -> str:
+    """What an env option accepts: its choices, or its range (`>= 1`, `0..1`)."""
+    if option.choices:
+        return " | ".join(option.choices)
+    low, high = option.at_least, option.at_most
+    if low is not None and high is not None:
+        return f"{low:g}..{high:g}"
+    return f">= {low:g}" if low is not None else f"<= {high:g}" if high is not None else ""
 
 
 @app.command("eval")
