@@ -224,3 +224,69 @@ def test_the_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
     assert "![sft training loss](plots/sft_loss.png)" in (out / "report.md").read_text()
     again = run_recipe(load_recipe("quickstart", overrides=budget), out, console=_quiet())
     assert {s["status"] for s in again["stages"].values()} == {"skipped"}
+
+
+KILL_RECIPE = """\
+[model]
+name = "tiny"
+
+[env]
+name = "household"
+
+[env.options]
+receptacles = 0.3
+distractors = 0
+
+[[stages]]
+kind = "collect"
+policy = "expert"
+split = "train"
+tasks = 40
+
+[[stages]]
+kind = "sft"
+data = ["collect"]
+max_steps = 150
+batch_size = 4
+max_length = 512
+learning_rate = 3e-3
+logging_steps = 1
+save_steps = 5
+"""
+
+
+@pytest.mark.slow
+def test_twenty_sigkills_during_sft_resume_to_the_same_loss_curve(tmp_path):
+    """Issue 17's kill loop for training: SIGKILL `turnforge run` at random moments 20 times (collect and SFT),
+    resuming each time from the last checkpoint; the finished run's loss curve equals an uninterrupted run's."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    recipe = tmp_path / "kill.toml"
+    recipe.write_text(KILL_RECIPE)
+    cli = [sys.executable, "-c", "from turnforge.cli import app; app()", "run", str(recipe)]
+    out, reference = tmp_path / "killed", tmp_path / "reference"
+    rng, kills = random.Random(1), 0
+    while kills < 20:
+        proc = subprocess.Popen([*cli, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(7.0, 12.0))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    for run in (out, reference):
+        done = subprocess.run([*cli, "--out", str(run)], capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    def losses(run):
+        lines = (run / "stages" / "02-sft" / "metrics.jsonl").read_text().splitlines()
+        return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+    killed, clean = losses(out), losses(reference)
+    assert sorted(killed) == sorted(clean) == list(range(1, 151)), (kills, sorted(killed))
+    assert kills == 20
+    assert all(abs(killed[s] - clean[s]) < 1e-4 for s in clean), [(s, killed[s], clean[s]) for s in clean]
