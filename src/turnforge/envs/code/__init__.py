@@ -44,6 +44,8 @@ SPEC = register_env(
         categories=CATEGORIES,
         splits=SPLITS,
         options=[
+            EnvOption("format", str, "tool_call", "Hermes <tool_call> JSON (the seed's multi_turn.format=hermes)",
+                      ("tool_call",)),
             EnvOption("data", str, "", "problems JSONL (id, problem, answer | tests); every split gets all lines"),
             EnvOption("generate", int, 0, "N built-in generated problems per split (math and code)", at_least=0),
             EnvOption("seed", int, 0, "seed of the generated problems"),

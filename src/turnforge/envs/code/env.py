@@ -52,13 +52,13 @@ class CodeEnv:
     name = "code"
     blocks = True  # every tool call and code check waits on the sandbox
 
-    def __init__(self, max_turns: int = MAX_TURNS, math_verify: str = "math_verify", binary: bool = False,
+    def __init__(self, format: str = "tool_call", max_turns: int = MAX_TURNS, math_verify: str = "math_verify", binary: bool = False,
                  timeout: float = 10.0, memory_mb: int = 1024, workers: int = 2, max_output_chars: int = 4096,
                  **_task_options: Any) -> None:
         if math_verify == "math_verify" and not checking.math_verify_available():
             raise ValueError("code env: math_verify=math_verify needs the math-verify package: "
                              "pip install 'turnforge[code]', or pass --env-opt math_verify=strict")
-        self.format = PlainTextEndsTurn(get_format("tool_call"))  # a reply without a call is the final answer
+        self.format = PlainTextEndsTurn(get_format(format))  # a reply without a call is the final answer
         self.max_turns, self.math_mode, self.binary = max_turns, math_verify, binary
         self.timeout, self.max_output_chars = timeout, max_output_chars
         limits = SandboxLimits(timeout_s=timeout, cpu_s=timeout, memory_mb=memory_mb)
