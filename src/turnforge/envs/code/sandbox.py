@@ -10,7 +10,8 @@ is visible to the next. What holds where (docs/security.md):
 
 - `namespaces` isolation (root and `unshare` available — the Docker/CI case): each worker lives in its own
   network namespace (no interface but a downed loopback: no connection anywhere, 127.0.0.1 included) and
-  mount namespace (fresh tmpfs over /tmp, /var/tmp, /dev/shm, wiped after every call); each call runs as
+  mount namespace (fresh tmpfs over /tmp, /var/tmp, /dev/shm, /run/lock, wiped after every call; every other
+  mount read-only; /root and /home replaced by empty tmpfs but for the interpreter); each call runs as
   the worker's own unprivileged uid (so RLIMIT_NPROC counts only that call's processes, the host's files
   readable only by root — /etc/shadow, /proc/<pid>/environ of other processes — stay closed, and the
   parent cannot be signalled), and every process of that uid is killed when the call ends.
@@ -125,7 +126,8 @@ class _Worker:
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
         hello = self._read_line(time.monotonic() + START_TIMEOUT_S)
-        if hello is None or not json.loads(hello).get("ready"):
+        self.hello = json.loads(hello) if hello else {}
+        if not self.hello.get("ready"):
             self.kill()
             raise RuntimeError("a sandbox worker did not start; run `python -m turnforge.envs.code.sandbox_worker` "
                                "by hand to see why")

@@ -32,7 +32,7 @@ import time
 import traceback
 
 PR_SET_CHILD_SUBREAPER = 36
-PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable dirs
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 
 
@@ -53,7 +53,7 @@ def _private_tmpfs(size_mb: int) -> bool:
     return ok
 
 
-MS_BIND, MS_MOVE, MS_REC = 4096, 8192, 16384
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 32, 4096, 8192, 16384
 HOMES = ("/root", "/home")
 
 
@@ -88,6 +88,24 @@ def _hide_homes() -> None:
         os.makedirs(path, mode=0o755, exist_ok=True)
         _mount(stage, path, None, MS_MOVE)
         os.rmdir(stage)
+
+
+def _read_only_elsewhere() -> list[str]:
+    """Remount every other mount read-only (this namespace only): a run can write to its private tmpfs alone.
+
+    Returns the mount points that could not be remounted (reported by the worker's hello line).
+    """
+    failed = []
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].encode().decode("unicode_escape") for line in f]
+    for point in dict.fromkeys(points):
+        if point in PRIVATE_DIRS or point.startswith(("/proc", "/sys")):
+            continue
+        try:
+            _mount("none", point, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        except OSError:
+            failed.append(point)
+    return failed
 
 
 def _set_limits(cfg: dict) -> None:
@@ -337,13 +355,15 @@ def serve(cfg: dict) -> None:
         cfg["private_tmp"] = _private_tmpfs(cfg["tmpfs_mb"])
         if cfg["private_tmp"]:
             _hide_homes()
+            cfg["writable_mounts"] = _read_only_elsewhere()
     # Without a mount namespace of our own, runs live in a scratch dir the pool made for this worker.
     cfg["run_root"] = "/tmp" if cfg["private_tmp"] else cfg["scratch_dir"]
     with contextlib.suppress(OSError, AttributeError):
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
     os.chdir("/")
     out = sys.stdout
-    print(json.dumps({"ready": True, "private_tmp": cfg["private_tmp"]}), file=out, flush=True)
+    hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
+    print(json.dumps(hello), file=out, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         try:
