@@ -57,7 +57,8 @@ def pooled(pool: SandboxPool, code: str, expected: str, calls: int, threads: int
 
 def math_verify_rate(checks: int, threads: int) -> float:
     cases = [(f"So the answer is \\boxed{{\\frac{{{k}}}{{2}}}}.", f"{k / 2}") for k in range(checks)]
-    check_math(*cases[0], "math_verify")  # start the children outside the timing
+    with ThreadPoolExecutor(threads) as executor:  # start one child per thread outside the timing
+        list(executor.map(lambda c: check_math(c[0], c[1], "math_verify"), cases[:threads] * 2))
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as executor:
         verdicts = list(executor.map(lambda c: check_math(c[0], c[1], "math_verify")[0], cases))
