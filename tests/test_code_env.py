@@ -140,3 +140,30 @@ def test_function_tests_top_level_or_in_solution_class(env, tmp_path):
         assert _episode(env, task, [Message("assistant", f"```python\n{program}```")])[1].success
     _, half = _episode(env, task, [Message("assistant", "```python\ndef add(a, b):\n    return 3\n```")])
     assert (half.success, half.progress) == (False, 0.5)
+
+
+def _hermes(code: str) -> str:
+    return "Let me compute.\n<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) + "\n</tool_call>"
+
+
+def test_replay_file_gives_the_expected_verdicts_and_metrics(tmp_path):
+    from turnforge.eval.runner import run_eval
+
+    tasks = load_tasks("code", "test", generate=4)
+    math0, code1, math2, code3 = tasks
+    lines = [
+        {"task_id": math0.id, "replies": [_hermes(math0.data["expert_code"]), f"\\boxed{{{math0.data['answer']}}}"]},
+        {"task_id": code1.id, "replies": ["```python\nprint('nope')\n```"]},
+        {"task_id": math2.id, "replies": [_hermes("1/0"), "\\boxed{-1}"]},
+        {"task_id": code3.id, "replies": [_hermes(code3.data["expert_code"]),
+                                          f"```python\n{code3.data['expert_code']}```"]},
+    ]
+    replay = tmp_path / "replies.jsonl"
+    replay.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    summary = run_eval("code", {"generate": 4}, f"replay:{replay}", "test", None, 1, 0, tmp_path / "out")
+    episodes = [json.loads(x) for x in (tmp_path / "out/episodes.jsonl").read_text().splitlines()]
+    verdicts = {e["task_id"]: e["score"]["success"] for e in episodes}
+    assert verdicts == {math0.id: True, code1.id: False, math2.id: False, code3.id: True}
+    metrics = summary["env_metrics"]
+    assert metrics["all"]["avg@k"] == 0.5 and metrics["math"]["tool_calls_per_episode"] == 1.0
+    assert metrics["math"]["tool_errors_per_episode"] == 0.5 and metrics["code"]["pass@k"] == {"1": 0.5}

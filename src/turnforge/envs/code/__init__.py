@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.code.checking import MATH_MODES
+from turnforge.envs.code.metrics import code_metrics
 from turnforge.envs.code.problems import CATEGORIES, SPLITS, generate, load_file
 from turnforge.types import Task
 
@@ -43,6 +44,7 @@ SPEC = register_env(
         load_tasks=load_tasks,
         categories=CATEGORIES,
         splits=SPLITS,
+        env_metrics=code_metrics,
         options=[
             EnvOption("format", str, "tool_call", "Hermes <tool_call> JSON (the seed's multi_turn.format=hermes)",
                       ("tool_call",)),
