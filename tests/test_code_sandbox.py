@@ -173,3 +173,19 @@ def test_cli_runs_every_file_and_prints_json_lines(tmp_path):
     assert [r["file"] for r in rows] == [str(good), str(bad)]
     assert rows[0]["stdout"] == "a\n" and rows[1]["timed_out"]
     assert set(rows[0]) == {"file", "stdout", "stderr", "exit_code", "timed_out", "killed", "truncated", "wall_s"}
+
+
+def test_rlimits_fallback_still_bounds_time_memory_files_output_and_python_sockets():
+    """Where no namespace can be made (docs/security.md, `rlimits` mode): what still holds."""
+    with SandboxPool(size=1, limits=SandboxLimits(timeout_s=2, cpu_s=2, memory_mb=512), isolation="rlimits") as pool:
+        assert pool.isolation == "rlimits"
+        assert pool.run("while True: pass", timeout=1).timed_out
+        assert "MemoryError" in pool.run("x = bytearray(10 * 1024**3)").stderr
+        assert "File too large" in pool.run("open('big', 'wb').write(b'x' * 100 * 1024 * 1024)").stderr
+        assert pool.run("print('x' * 10**7)").truncated
+        r = pool.run("import socket\nsocket.socket()\nprint('opened')")
+        assert "opened" not in r.stdout and "network access is disabled" in r.stderr
+        r = pool.run("import os, time\nif os.fork() == 0:\n    time.sleep(0.3)\n    print('late')\n    time.sleep(100)\n"
+                     "print('parent')")
+        assert r.stdout == "parent\n"
+        _healthy(pool)

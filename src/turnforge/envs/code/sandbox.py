@@ -129,7 +129,7 @@ class _Worker:
         self.hello = json.loads(hello) if hello else {}
         if not self.hello.get("ready"):
             self.kill()
-            raise RuntimeError("a sandbox worker did not start; run `python -m turnforge.envs.code.sandbox_worker` "
+            raise RuntimeError(f"a sandbox worker did not start; run `{sys.executable} -m {WORKER_MODULE} CONFIG` "
                                "by hand to see why")
 
     def run(self, code: str, stdin: str, timeout: float) -> RunResult | None:
@@ -183,11 +183,16 @@ _KILL_ALL = "for i in 1 2 3 4 5 6 7 8 9 10; do kill -9 -1 2>/dev/null || exit 0;
 class SandboxPool:
     """`size` pre-started workers; `run` takes an idle one (waiting if none is) and gives it back after."""
 
-    def __init__(self, size: int = 2, limits: SandboxLimits | None = None) -> None:
+    def __init__(self, size: int = 2, limits: SandboxLimits | None = None, isolation: str | None = None) -> None:
+        """`isolation`: None = the strongest this host allows (`isolation_mode()`); "rlimits" forces the fallback."""
         if size < 1:
             raise ValueError(f"a sandbox pool needs at least 1 worker, got {size}")
+        if isolation not in (None, "rlimits", "namespaces"):
+            raise ValueError(f"isolation must be rlimits or namespaces, got {isolation!r}")
+        if isolation == "namespaces" and isolation_mode() != "namespaces":
+            raise ValueError("namespaces isolation needs root and a working `unshare --net --mount` (docs/security.md)")
         self.limits = limits or SandboxLimits()
-        self.isolation = isolation_mode()
+        self.isolation = isolation or isolation_mode()
         self.size = size
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._closed = False
