@@ -189,3 +189,9 @@ def test_rlimits_fallback_still_bounds_time_memory_files_output_and_python_socke
                      "print('parent')")
         assert r.stdout == "parent\n"
         _healthy(pool)
+
+
+def test_output_before_a_thread_that_runs_out_of_time_is_kept(pool):
+    r = pool.run("import threading, time\nthreading.Thread(target=lambda: time.sleep(100)).start()\nprint('ok')",
+                 timeout=1)
+    assert r.timed_out and r.stdout == "ok\n"

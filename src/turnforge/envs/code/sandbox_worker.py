@@ -165,13 +165,18 @@ def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg
         except BaseException:  # the program's own error: its traceback is its output
             traceback.print_exc()
             status = 1
+        _flush()  # what the main thread printed survives a thread that runs into the time limit
         if "threading" in sys.modules:  # as at interpreter exit: wait for the program's non-daemon threads
             sys.modules["threading"]._shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        _flush()
     finally:
         os._exit(status & 0xFF if isinstance(status, int) else 1)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _block_sockets() -> None:
