@@ -162,8 +162,8 @@ def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg
             status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if e.code is not None and not isinstance(e.code, int):
                 print(e.code, file=sys.stderr)
-        except BaseException:  # the program's own error: its traceback is its output
-            traceback.print_exc()
+        except BaseException as e:  # the program's own error: its traceback (from main.py on) is its output
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
             status = 1
         _flush()  # what the main thread printed survives a thread that runs into the time limit
         if "threading" in sys.modules:  # as at interpreter exit: wait for the program's non-daemon threads
