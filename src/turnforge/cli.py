@@ -27,6 +27,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from turnforge.envs.base import list_envs
+from turnforge.envs.code.cli import sandbox_app
 from turnforge.envs.household.cli import household_app
 from turnforge.eval.runner import EnvErrors, run_eval
 from turnforge.eval.table import print_summary
@@ -42,6 +43,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(household_app, name="household")
+app.add_typer(sandbox_app, name="sandbox")
 
 
 def _print_version(value: bool) -> None:

@@ -157,6 +157,7 @@ def register_env(spec: EnvSpec) -> EnvSpec:
 def _load_builtin() -> None:
     # Importing the packages registers them; kept lazy so `import turnforge` stays light.
     import turnforge.envs.bfcl  # noqa: F401
+    import turnforge.envs.code  # noqa: F401
     import turnforge.envs.household  # noqa: F401
     import turnforge.envs.service  # noqa: F401
     import turnforge.envs.sql  # noqa: F401
