@@ -91,3 +91,22 @@ def test_weighted_total_with_metric_only_components():
     assert parts == {"outcome": 0.0, "progress": 0.5, "tool_call": 0.1, "overlong": 0.0, "format": -0.5, "loop": -0.5}
     # 1*0 + 0.25*0.5 + 1*0.1 + 0*(-0.5) + 0.5*(-0.5) = 0.125 + 0.1 - 0.25 = -0.025
     assert total_reward(parts, weights) == pytest.approx(-0.025)
+
+
+def test_tcr_counts_tool_rounds_not_plain_answers_and_is_capped():
+    """DemyAgent's failure score min(-0.6, -1 + (num_turns - 2) / 2 * 0.1): +0.1 per tool round, at most +0.4. A
+    final answer without a call (the code env's plain reply) is no tool round; a success gets no TCR."""
+    from turnforge.rewards import tool_call_reward, tool_calls
+
+    def episode(rounds: int, success: bool = False) -> Trajectory:
+        messages = [Message("system", "s"), Message("user", "problem")]
+        for k in range(rounds):
+            messages += [Message("assistant", f"<tool_call>{k}</tool_call>"), Message("tool", "out")]
+        messages.append(Message("assistant", "\\boxed{3}"))
+        turns = [Turn(text="call") for _ in range(rounds)] + [Turn(text="answer")]
+        return Trajectory("t", "code", "math", messages, turns, Score(success, float(success), 0.0),
+                          StopReason.success if success else StopReason.failure, tools=[{"type": "function"}])
+
+    assert [tool_calls(episode(n)) for n in (0, 1, 3)] == [0, 1, 3]
+    assert [tool_call_reward(episode(n)) for n in (0, 1, 3, 4, 9)] == pytest.approx([0.0, 0.1, 0.3, 0.4, 0.4])
+    assert tool_call_reward(episode(3, success=True)) == 0.0

@@ -43,20 +43,33 @@ def progress_reward(traj: Trajectory) -> float:
     return min(1.0, max(0.0, float(traj.score.progress)))
 
 
-def tool_call_reward(traj: Trajectory, bonus: float = 0.1) -> float:
-    """TCR: `bonus` for a FAILED episode with at least one well-formed action (parsed, so the env ran it).
+def tool_call_reward(traj: Trajectory, bonus: float = 0.1, cap: float = 0.4) -> float:
+    """TCR: for a FAILED episode, `bonus` per action the env ran, at most `cap`; 0 for a successful one.
 
-    A successful episode gets 0 (the outcome already pays it), so the bonus only keeps a model that tries
-    its tools on hard tasks from collapsing into answering without them (DemyAgent, arXiv 2510.11701).
+    DemyAgent's failure score (math_dapo, arXiv 2510.11701) is `min(-0.6, -1 + (num_turns - 2) / 2 * 0.1)`:
+    with its ±1 outcome that is +0.1 per tool round, capped at +0.4, so a model that keeps trying its tools on
+    a task it fails is punished less than one that answers without them. An action is a reply answered by a
+    `tool` message where the env acts through tools (it lists tools, or answers in tool messages: a plain final
+    answer is no call), else (text-action envs) any reply the format parsed.
 
     >>> tool_call_reward(_example(success=False, parse_ok=[False, True]), bonus=0.1)
     0.1
+    >>> tool_call_reward(_example(success=False, parse_ok=[True] * 7), bonus=0.1)   # capped
+    0.4
     >>> tool_call_reward(_example(success=False, parse_ok=[False, False]), bonus=0.1)
     0.0
     """
     if traj.score.success:
         return 0.0
-    return bonus if any(t.parse_ok for t in traj.turns) else 0.0
+    return min(cap, bonus * tool_calls(traj))
+
+
+def tool_calls(traj: Trajectory) -> int:
+    """How many of the policy's replies the env ran as actions (see `tool_call_reward`)."""
+    replies = traj.reply_indices()
+    if traj.tools or any(m.role == "tool" for m in traj.messages):  # tool calls are how this env acts
+        return sum(i + 1 < len(traj.messages) and traj.messages[i + 1].role == "tool" for i in replies)
+    return sum(turn.parse_ok for turn in traj.turns)
 
 
 def overlong_penalty(length: int, max_length: int, buffer: int) -> float:
@@ -173,7 +186,9 @@ class RewardWeights:
     signed_outcome: bool = False
     """Outcome -1 instead of 0 on failure (DemyAgent)."""
     tool_call_bonus: float = 0.1
-    """The TCR bonus before its weight."""
+    """The TCR bonus per action of a failed episode, before its weight."""
+    tool_call_cap: float = 0.4
+    """The most TCR a failed episode gets (DemyAgent: -1 + 0.4 = -0.6 at best)."""
     overlong_buffer: int = 0
     """DAPO buffer in generated tokens; the limit is the GRPO stage's max completion length."""
 
@@ -200,7 +215,7 @@ def reward_components(
     return {
         "outcome": outcome_reward(traj, signed=weights.signed_outcome),
         "progress": progress_reward(traj),
-        "tool_call": tool_call_reward(traj, bonus=weights.tool_call_bonus),
+        "tool_call": tool_call_reward(traj, bonus=weights.tool_call_bonus, cap=weights.tool_call_cap),
         "overlong": overlong_penalty(generated_tokens, max_generated_tokens, weights.overlong_buffer),
         "format": format_penalty(traj),
         "loop": loop_penalty(traj),
