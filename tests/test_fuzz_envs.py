@@ -31,6 +31,7 @@ ENVS = [  # (env, options): every format each env speaks; the data-free variants
     ("bfcl", {"format": "tool_call"}),
     ("bfcl", {"format": "bfcl_python"}),
     ("service", {"domain": "desk"}),
+    ("code", {"generate": 6, "timeout": 2.0}),
 ]
 
 
@@ -54,7 +55,12 @@ hostile = st.one_of(
     st.integers(50, 5_000).map(_nested),  # deeply nested brackets / JSON
     st.builds(_tool_call, st.text(max_size=30), json_values),  # unknown tools, wrong argument shapes
     st.builds(_tool_call, st.sampled_from(["act", "execute_sql", "commit_final_answer", "cd", "ls", "add",
-                                           "find_patient", "book_appointment", "power"]), json_values),
+                                           "find_patient", "book_appointment", "power", "code_interpreter"]),
+             json_values),
+    st.builds(lambda c: _tool_call("code_interpreter", {"code": c}), st.sampled_from([
+        "while True: pass", "print('x' * 10**7)", "import os; os.fork()", "raise SystemExit(3)", "1/0",
+        "import socket; socket.create_connection(('127.0.0.1', 1))", "open('/etc/passwd').read()", "\\boxed{1}",
+    ])),
     st.builds(lambda d: "[" + "f(" * d + ")" * d + "]", st.integers(10, 3_000)),  # python-call nesting (bfcl)
 )
 
