@@ -348,3 +348,14 @@ def test_a_failing_expert_gives_up_that_episode_only(tasks):
         StopReason.gave_up,
         StopReason.success,
     ]
+
+
+def test_replay_files_with_broken_bytes_or_absurd_nesting_are_one_line_errors(tmp_path):
+    """Issue 17: invalid UTF-8 and deeply nested JSON gave tracebacks without file and line."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"task_id": "t", "replies": ["ok"]}\n{"task_id": "t\xff\xfe"}\n')
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:2: not UTF-8 text"):
+        ReplayPolicy(path)
+    path.write_text('{"task_id": "t", "replies": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:1: JSON nested too deeply"):
+        ReplayPolicy(path)

@@ -211,15 +211,21 @@ def json_records(path: str | Path, expected: str = "one JSON object a line") -> 
     A line that is not a JSON object is an error naming its file and line and what the file should hold
     (`expected`).
     """
-    with Path(path).open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with Path(path).open("rb") as f:  # bytes: a line that is not UTF-8 is reported with its place
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 text (byte {e.start + 1} of the line); expected {expected}") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not valid JSON ({e.msg}); expected {expected}") from None
+            except RecursionError:
+                raise ValueError(f"{where}: JSON nested too deeply to read; expected {expected}") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object ({expected}), got {type(record).__name__}")
             yield where, record
