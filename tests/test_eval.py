@@ -260,3 +260,10 @@ def test_envs_never_cuts_a_choice():
     result = runner.invoke(app, ["envs"], terminal_width=80)
     assert result.exit_code == 0 and "…" not in result.output
     assert "multi_turn_long_context" in result.output.replace("\n", "").replace(" ", "") or "bfcl" not in result.output
+
+
+def test_household_export_to_a_file_is_one_line(tmp_path):
+    target = tmp_path / "file.txt"
+    target.write_text("x")
+    result = runner.invoke(app, ["household", "export", "--n", "1", "--out", str(target)])
+    assert result.exit_code == 2 and "is a file, not a folder" in result.output and "Traceback" not in result.output

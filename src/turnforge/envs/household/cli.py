@@ -21,7 +21,10 @@ def export(
     from turnforge.envs.base import load_tasks
     from turnforge.envs.household.export import export_games
 
+    from turnforge.rundir import check_out_dir
+
     try:
+        check_out_dir(out)
         tasks = load_tasks("household", split, limit=n, seed=seed)
         paths = export_games(tasks, out)
     except (ValueError, RuntimeError) as e:
