@@ -23,11 +23,11 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.bfcl.execution import (
     build_instances,
-    call_string,
     is_long_context,
     method_table,
     parse_call_string,
 )
+from turnforge.formats.bfcl_python import call_string
 from turnforge.types import Message
 
 
