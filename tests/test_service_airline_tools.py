@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from service_calls import err, ok
 from turnforge.envs.service.domain import load_domain
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
@@ -21,21 +21,6 @@ PAX = [{"first_name": "Emma", "last_name": "Kim", "dob": "1990-01-01"}]
 def tools():
     domain = load_domain("airline", str(TAU2 / "airline"))
     return domain.toolkit(domain.new_db())
-
-
-def ok(tools, name, **args):
-    result = tools.call(name, args)
-    assert not result.error, result.content
-    try:
-        return json.loads(result.content)
-    except json.JSONDecodeError:
-        return result.content
-
-
-def err(tools, name, **args) -> str:
-    result = tools.call(name, args)
-    assert result.error
-    return result.content
 
 
 def test_fourteen_tools():

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from service_calls import err, ok
 from turnforge.envs.service.domain import load_domain
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
@@ -20,21 +20,6 @@ ETHAN = "ethan_lopez_6291"  # gift card 49.0 + credit card; pending #W6779827 pa
 def tools():
     domain = load_domain("retail", str(TAU2 / "retail"))
     return domain.toolkit(domain.new_db())
-
-
-def ok(tools, name, **args):
-    result = tools.call(name, args)
-    assert not result.error, result.content
-    try:
-        return json.loads(result.content)
-    except json.JSONDecodeError:
-        return result.content
-
-
-def err(tools, name, **args) -> str:
-    result = tools.call(name, args)
-    assert result.error
-    return result.content
 
 
 def test_sixteen_tools_with_tau2_names():
