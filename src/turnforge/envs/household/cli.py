@@ -20,7 +20,6 @@ def export(
     """Write household tasks as ALFWorld game files that alfworld's AlfredTWEnv loads."""
     from turnforge.envs.base import load_tasks
     from turnforge.envs.household.export import export_games
-
     from turnforge.rundir import check_out_dir
 
     try:
