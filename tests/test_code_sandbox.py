@@ -195,3 +195,16 @@ def test_output_before_a_thread_that_runs_out_of_time_is_kept(pool):
     r = pool.run("import threading, time\nthreading.Thread(target=lambda: time.sleep(100)).start()\nprint('ok')",
                  timeout=1)
     assert r.timed_out and r.stdout == "ok\n"
+
+
+def test_output_printed_before_a_timeout_is_kept():
+    """A program that prints, then runs into its time limit: what it printed reaches the agent (line-buffered)."""
+    from turnforge.envs.code.sandbox import SandboxLimits, SandboxPool
+
+    pool = SandboxPool(1, SandboxLimits(timeout_s=1.0))
+    try:
+        result = pool.run("print(sum(range(10)))\nwhile True:\n    pass\n")
+        assert result.timed_out and result.stdout == "45\n"
+        assert pool.run("print('ok')").stdout == "ok\n"
+    finally:
+        pool.close()

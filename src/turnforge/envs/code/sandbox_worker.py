@@ -150,7 +150,8 @@ def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg
             _block_sockets()
         # The program's own streams for the rest of the child's life (closed by os._exit).
         sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        # Line-buffered: what a program printed before it ran into a limit (and was killed) is not lost.
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.argv = ["main.py"]
         sys.path[0] = workdir
