@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from turnforge.models.chat import window_messages
 from turnforge.types import Message, Task
 
 if TYPE_CHECKING:
@@ -82,3 +83,11 @@ class BackendError(RuntimeError):
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
+
+
+def prompt_ids(prompt: Prompt, renderer: ChatRenderer) -> list[int]:
+    """A prompt's ids: the token-exact ones the rollout built, else its messages (windowed as the renderer says)
+    rendered by the model's chat template. Every model backend that takes token ids reads prompts this way."""
+    if prompt.ids is not None:
+        return list(prompt.ids)
+    return renderer.prompt_ids(window_messages(prompt.messages, renderer.window), prompt.tools)

@@ -31,9 +31,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from turnforge.models.chat import ChatTemplateRenderer, window_messages
+from turnforge.models.chat import ChatTemplateRenderer
 from turnforge.models.loading import load_model
-from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.base import Generation, Prompt, SamplingParams, prompt_ids
 from turnforge.policies.prefix_cache import Entry, PrefixCache, batch_cache, batch_layout, gather_rows
 
 # Generation settings the model's own generation_config.json must not slip in (HF fills unset fields from it,
@@ -102,7 +102,7 @@ class HFPolicy:
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding)."""
         _check_params(params)
-        ids = [p.ids if p.ids is not None else self._render(p) for p in prompts]
+        ids = [prompt_ids(p, self.renderer) for p in prompts]
         # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
         keys = [(p.task.id, p.sample) if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
         # A different seed per call: the same seed every round would replay the same random draws each turn.
@@ -121,9 +121,6 @@ class HFPolicy:
         """The rollout is done with these episodes: drop their prefix-cache entries."""
         if self.prefix_cache is not None:
             self.prefix_cache.forget(keys)
-
-    def _render(self, prompt: Prompt) -> list[int]:
-        return self.renderer.prompt_ids(window_messages(prompt.messages, self.renderer.window), prompt.tools)
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list) -> list[Generation]:
         if min(len(p) for p in prompts) == 0:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from turnforge.models.chat import ChatTemplateRenderer, window_messages
-from turnforge.policies.base import BackendNotInstalled, Generation, Prompt, SamplingParams
+from turnforge.models.chat import ChatTemplateRenderer
+from turnforge.policies.base import BackendNotInstalled, Generation, Prompt, SamplingParams, prompt_ids
 from turnforge.policies.hf import _check_params, finish_generation
 
 INSTALL = 'vLLM is not installed: pip install "turnforge[vllm]" (it needs a CUDA GPU; on a CPU use --policy hf)'
@@ -83,15 +83,10 @@ class VLLMPolicy:
         """One reply per prompt, in order: the whole list is one `LLM.generate` call (vLLM schedules it)."""
         _check_params(params)
         vllm = import_vllm()
-        inputs = [vllm.inputs.TokensPrompt(prompt_token_ids=self._ids(p)) for p in prompts]
+        inputs = [vllm.inputs.TokensPrompt(prompt_token_ids=prompt_ids(p, self.renderer)) for p in prompts]
         sampling = [self._sampling(vllm, params, p) for p in prompts]
         outputs = self.llm.generate(inputs, sampling, lora_request=self.lora, use_tqdm=False)
         return [self._reply(out.outputs[0], params) for out in outputs]
-
-    def _ids(self, prompt: Prompt) -> list[int]:
-        if prompt.ids is not None:
-            return list(prompt.ids)
-        return self.renderer.prompt_ids(window_messages(prompt.messages, self.renderer.window), prompt.tools)
 
     def _sampling(self, vllm, params: SamplingParams, prompt: Prompt):
         return vllm.SamplingParams(
@@ -156,7 +151,7 @@ class TRLServerPolicy:
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         _check_params(params)
-        ids = [list(p.ids) if p.ids is not None else self.renderer.prompt_ids(p.messages, p.tools) for p in prompts]
+        ids = [prompt_ids(p, self.renderer) for p in prompts]
         out = self.client.generate(
             prompts=ids, n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             max_tokens=params.max_new_tokens, logprobs=0,
