@@ -1,14 +1,17 @@
-"""The service env: tau2-bench-compatible customer-service episodes (retail, airline, built-in desk).
+"""The service env: tau2-bench-compatible customer-service episodes (retail, airline, telecom, built-in desk).
 
     turnforge eval --env service --env-opt domain=retail --env-opt data_dir=../shared/data/tau2/retail --policy expert --out runs/retail-gold
     turnforge eval --env service --env-opt domain=airline --env-opt data_dir=PATH --policy hf --model M \
         --env-opt user=hf:U --samples 4 --temperature 0.8 --out runs/airline
     turnforge eval --env service --env-opt domain=desk --policy random --out runs/desk
+    turnforge eval --env service --env-opt domain=telecom --env-opt data_dir=../shared/data/tau2/telecom --policy expert \
+        --out runs/telecom-gold
 
 Tasks: one per tau2 task of the split (`split_tasks.json`, else every task in every split); `Task.id` is
 tau2's id, `Task.category` the domain. The user is `scripted` (tests, gold runs), `replay` (re-grade saved
 conversations with `--policy replay:FILE`) or a policy spec (`hf:PATH`, `openai:URL#model`, ...) that the eval
-runner builds and passes as the `user` role; `judge=SPEC` does the same for NL_ASSERTION.
+runner builds and passes as the `user` role; `judge=SPEC` does the same for NL_ASSERTION. Telecom is dual control:
+the user role also gets the customer's device tools (envs/service/telecom/).
 """
 
 from __future__ import annotations
@@ -59,18 +62,19 @@ def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tupl
 SERVICE_SPEC = register_env(
     EnvSpec(
         name=ENV_NAME,
-        description="tau2-bench customer service (retail, airline from tau2's data; built-in desk): tools over a DB, "
-                    "a simulated user, tau2's DB/ACTION/COMMUNICATE/NL verdict",
+        description="tau2-bench customer service (retail, airline, telecom from tau2's data; built-in desk): tools "
+                    "over a DB, a simulated user (with device tools in telecom), tau2's DB/ENV_ASSERTION/ACTION/"
+                    "COMMUNICATE/NL verdict",
         factory=ServiceEnv,
         load_tasks=load_service_tasks,
-        categories=tuple(d for d in domain_names() if d != "telecom"),
+        categories=domain_names(),
         splits=SPLITS,
         env_metrics=service_metrics,
         model_roles=model_roles,
         options=[
-            EnvOption("domain", str, "desk", "retail, airline (need data_dir) or desk (built in); telecom: not yet", domain_names()),
-            EnvOption("data_dir", str, "", "a tau2 domain folder: db.json or db.toml, policy.md, tasks.json, "
-                      "optional split_tasks.json"),
+            EnvOption("domain", str, "desk", "retail, airline, telecom (need data_dir) or desk (built in)", domain_names()),
+            EnvOption("data_dir", str, "", "a tau2 domain folder: db.json or db.toml, policy.md (telecom: "
+                      "main_policy.md, tech_support_manual.md, user_db.toml), tasks.json, optional split_tasks.json"),
             EnvOption("tasks", str, "", "another tasks JSON in tau2's schema (all its tasks form every split)"),
             EnvOption("user", str, "scripted", "scripted | replay (with --policy replay:FILE) | a policy spec for an "
                       "LLM user simulator: hf:PATH, openai:URL#model, vllm:PATH"),

@@ -1,9 +1,11 @@
-"""A domain = policy text + a toolkit over a pydantic DB + tasks in tau2's schema.
+"""A domain = policy text + a toolkit over a pydantic DB + tasks in tau2's schema (+ in a dual-control domain,
+the user's own DB and toolkit, and the sync between the two sides: `UserSide`).
 
 Loaded from a data folder in tau2-bench's layout (`db.json` or `db.toml`, `policy.md`, `tasks.json`, optional
-`split_tasks.json`) or built in (`desk`). A loaded domain is cached per process (the airline DB is parsed
-once, 7 MB), and so is each task's gold DB (the gold actions applied to a fresh episode DB), which every
-episode of that task is compared with.
+`split_tasks.json`; telecom: `main_policy.md` + `tech_support_manual.md`, `user_db.toml`) or built in (`desk`).
+A loaded domain is cached per process (the airline DB is parsed once, 7 MB), and so is each task's gold state (its initial state, then the gold actions of both sides applied
+to a fresh episode), which every episode of that task is compared with. A task whose `initial_state` carries
+`initialization_data.agent_data` gets its own parsed base, built once.
 """
 
 from __future__ import annotations
@@ -19,10 +21,22 @@ from typing import Any
 from pydantic import BaseModel
 
 from turnforge.envs.service.episode_db import EpisodeDB, SharedDB
+from turnforge.envs.service.state import EpisodeState, merged
 from turnforge.envs.service.toolkit import ToolKind, Toolkit
 from turnforge.types import Task
 
 ENV_NAME = "service"
+
+
+@dataclass
+class UserSide:
+    """The user's half of a dual-control domain: their DB (`db_file` in the data folder), their tools, and
+    `sync(agent_tools, user_tools)`, which tau2 runs after every step to carry each side's state to the other."""
+
+    db_model: type[BaseModel]
+    toolkit: type[Toolkit]
+    db_file: str
+    sync: Callable[[Toolkit, Toolkit], None]
 
 
 @dataclass
@@ -33,17 +47,24 @@ class DomainKind:
     db_model: type[BaseModel]
     toolkit: type[Toolkit]
     policy_files: tuple[str, ...] = ("policy.md",)
+    compose_policy: Callable[[Path], str] | None = None
+    """Domains whose policy is several files: data folder -> the policy text."""
+    user: UserSide | None = None
     builtin: Callable[[], tuple[dict, str, list[dict], dict[str, list[str]] | None]] | None = None
     """Built-in domains: () -> (db dict, policy text, tasks, splits)."""
 
 
 @dataclass
 class Gold:
-    """A task's gold DB, and for each gold write action the records it changed (for the partial score)."""
+    """A task's gold state, and for each gold write action of the agent the records it changed (partial score)."""
 
-    db: EpisodeDB
+    state: EpisodeState
     write_records: list[dict[str, set[str]]]
     errors: list[str]
+
+    @property
+    def db(self) -> EpisodeDB:
+        return self.state.db
 
 
 @dataclass
@@ -54,15 +75,37 @@ class Domain:
     tasks: dict[str, dict]
     splits: dict[str, list[str]]
     source: str
+    user_db: BaseModel | None = None
     _gold: dict[str, Gold] = field(default_factory=dict)
+    _bases: dict[str, SharedDB] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def name(self) -> str:
         return self.kind.name
 
-    def new_db(self) -> EpisodeDB:
-        return EpisodeDB(self.shared)
+    def new_db(self, task: dict | None = None) -> EpisodeDB:
+        """A fresh episode DB (with the task's `initialization_data.agent_data` merged in, if any)."""
+        update = _init_data(task, "agent_data")
+        if not update:
+            return EpisodeDB(self.shared)
+        with self._lock:
+            if task["id"] not in self._bases:
+                self._bases[task["id"]] = SharedDB(merged(self.shared.model, update))
+        return EpisodeDB(self._bases[task["id"]])
+
+    def new_user_db(self, task: dict | None = None) -> BaseModel | None:
+        """A fresh copy of the user's DB (dual-control domains; `initialization_data.user_data` merged in)."""
+        if self.user_db is None:
+            return None
+        update = _init_data(task, "user_data")
+        return merged(self.user_db, update) if update else self.user_db.model_copy(deep=True)
+
+    def new_state(self, task: dict) -> EpisodeState:
+        """An episode's state with the task's initial state applied."""
+        state = EpisodeState(self, task)
+        state.apply_initial_state(task)
+        return state
 
     def toolkit(self, db: EpisodeDB) -> Toolkit:
         return self.kind.toolkit(db)
@@ -78,25 +121,27 @@ class Domain:
             return self._gold[task_id]
 
     def _make_gold(self, task: dict) -> Gold:
-        db = self.new_db()
-        tools = self.toolkit(db)
+        state = self.new_state(task)
+        db = state.db
         kinds = self.tool_kinds()
         records, errors = [], []
         for action in (task.get("evaluation_criteria") or {}).get("actions") or []:
-            if action.get("requestor", "assistant") != "assistant":
-                errors.append(f"{action['name']}: user actions need the user's toolkit")
-                continue
+            side = action.get("requestor", "assistant")
             before = {n: {k: db.record_json(n, k) for k in keys} for n, keys in db.touched().items()}
-            result = tools.call(action["name"], dict(action.get("arguments") or {}))
+            try:  # tau2 make_tool_call: no sync between gold actions
+                result = state.call(action["name"], dict(action.get("arguments") or {}), side, sync=False)
+            except ValueError as e:  # a user action in a domain without user tools
+                errors.append(f"{action['name']}: {e}")
+                continue
             if result.error:
                 errors.append(f"{action['name']}: {result.content}")
-            if kinds.get(action["name"]) == ToolKind.WRITE:
+            if side == "assistant" and kinds.get(action["name"]) == ToolKind.WRITE:
                 changed = {
                     n: {k for k in keys if db.record_json(n, k) != before.get(n, {}).get(k, db.shared.record_json(n, k))}
                     for n, keys in db.touched().items()
                 }
                 records.append({n: ks for n, ks in changed.items() if ks})
-        return Gold(db=db, write_records=records, errors=errors)
+        return Gold(state=state, write_records=records, errors=errors)
 
     def split_ids(self, split: str) -> list[str]:
         if split not in self.splits:
@@ -119,20 +164,14 @@ def register_domain(kind: DomainKind) -> DomainKind:
 
 
 def domain_names() -> tuple[str, ...]:
-    """The domains `--env-opt domain=` accepts (telecom is listed to say clearly that it is not there yet)."""
+    """The domains `--env-opt domain=` accepts."""
     _register_builtin()
-    return tuple(sorted([*_KINDS, "telecom"]))
+    return tuple(sorted(_KINDS))
 
 
 def load_domain(name: str, data_dir: str = "", tasks_file: str = "") -> Domain:
     """The domain `name`, from `data_dir` (tau2's layout) or built in; `tasks_file` replaces its tasks."""
     _register_builtin()
-    if name == "telecom":
-        raise NotImplementedError(
-            "service domain 'telecom' is not implemented yet: its dual control (the user's 30 device tools over "
-            "user_db.toml, the environment's sync after each step, initialization_actions, ENV_ASSERTION functions) "
-            "has no code here; retail, airline and desk are available"
-        )
     if name not in _KINDS:
         raise ValueError(f"unknown service domain {name!r}; choose one of {', '.join(sorted(_KINDS))}")
     key = (name, str(Path(data_dir).resolve()) if data_dir else "", str(Path(tasks_file).resolve()) if tasks_file else "")
@@ -150,9 +189,10 @@ def _load(kind: DomainKind, data_dir: str, tasks_file: str) -> Domain:
                              "data/tau2/domains/<domain>/ layout: db.json or db.toml, policy.md, tasks.json)")
         raw_db, policy, tasks, splits = _read_folder(kind, folder)
         source = str(folder)
+        user_db = _read_user_db(kind, folder)
     elif kind.builtin is not None:
         raw_db, policy, tasks, splits = kind.builtin()
-        source = "built in"
+        source, user_db = "built in", None
     else:
         raise ValueError(f"service domain {kind.name!r} needs its data: --env-opt data_dir=PATH/tau2-bench/data/tau2/"
                          f"domains/{kind.name}")
@@ -164,7 +204,8 @@ def _load(kind: DomainKind, data_dir: str, tasks_file: str) -> Domain:
         splits = {s: list(by_id) for s in ("train", "test", "base")}
     splits = {s: [i for i in ids if i in by_id] for s, ids in splits.items()}
     db = kind.db_model.model_validate(raw_db)
-    return Domain(kind=kind, shared=SharedDB(db), policy=policy, tasks=by_id, splits=splits, source=source)
+    return Domain(kind=kind, shared=SharedDB(db), policy=policy, tasks=by_id, splits=splits, source=source,
+                  user_db=user_db)
 
 
 def _read_folder(kind: DomainKind, folder: Path) -> tuple[dict, str, list[dict], dict | None]:
@@ -174,13 +215,34 @@ def _read_folder(kind: DomainKind, folder: Path) -> tuple[dict, str, list[dict],
         raw_db = tomllib.loads((folder / "db.toml").read_text(encoding="utf-8"))
     else:
         raise ValueError(f"{folder} holds no db.json or db.toml")
-    policy_path = next((folder / p for p in kind.policy_files if (folder / p).is_file()), None)
-    if policy_path is None:
-        raise ValueError(f"{folder} holds none of {', '.join(kind.policy_files)}")
+    if kind.compose_policy is not None:
+        policy = kind.compose_policy(folder)
+    else:
+        policy_path = next((folder / p for p in kind.policy_files if (folder / p).is_file()), None)
+        if policy_path is None:
+            raise ValueError(f"{folder} holds none of {', '.join(kind.policy_files)}")
+        policy = policy_path.read_text(encoding="utf-8")
     tasks = _read_json(folder / "tasks.json")
     split_file = folder / "split_tasks.json"
     splits = _read_json(split_file) if split_file.is_file() else None
-    return raw_db, policy_path.read_text(encoding="utf-8"), tasks, splits
+    return raw_db, policy, tasks, splits
+
+
+def _read_user_db(kind: DomainKind, folder: Path) -> BaseModel | None:
+    if kind.user is None:
+        return None
+    path = folder / kind.user.db_file
+    if not path.is_file():
+        raise ValueError(f"service domain {kind.name!r}: {path} does not exist (the user's device DB of tau2's "
+                         f"data/tau2/domains/{kind.name}/)")
+    raw = tomllib.loads(path.read_text(encoding="utf-8")) if path.suffix == ".toml" else _read_json(path)
+    return kind.user.db_model.model_validate(raw)
+
+
+def _init_data(task: dict | None, side: str) -> dict | None:
+    """The task's `initial_state.initialization_data.<side>` (agent_data / user_data), if any."""
+    data = ((task or {}).get("initial_state") or {}).get("initialization_data") or {}
+    return data.get(side)
 
 
 def _read_json(path: Path) -> Any:
@@ -200,8 +262,10 @@ def _register_builtin() -> None:
     from turnforge.envs.service.desk import DESK
     from turnforge.envs.service.retail.db import RetailDB
     from turnforge.envs.service.retail.tools import RetailTools
+    from turnforge.envs.service.telecom import TELECOM
 
     register_domain(DomainKind("retail", RetailDB, RetailTools))
     register_domain(DomainKind("airline", FlightDB, AirlineTools))
+    register_domain(TELECOM)
     if DESK is not None:
         register_domain(DESK)

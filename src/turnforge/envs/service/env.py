@@ -8,7 +8,11 @@ calls (each run on the episode's own DB; its answer is one tool message per call
 user's `###STOP###` / `###TRANSFER###` / `###OUT-OF-SCOPE###` (USER_STOP), `max_steps` orchestrator steps
 (each agent message, tool answer and user message is one) and `max_errors` tool errors, checked where tau2
 checks them; a user that breaks protocol (empty message) ends it as USER_ERROR. Only AGENT_STOP and USER_STOP
-are graded (evaluation.py). Departure: a reply whose tool call cannot be parsed gets the format's error as a
+are graded (evaluation.py).
+
+Dual control (telecom): the task's initial state is applied at reset (state.py); the user may answer with tool
+calls on its own device tools, run on the user's side and answered to the user only (each call message and each
+answer is a step, their errors count), until it says something to the agent — which is all the agent sees. Departure: a reply whose tool call cannot be parsed gets the format's error as a
 tool observation and counts as a tool error (tau2's function-calling API never yields one).
 """
 
@@ -18,7 +22,14 @@ import json
 from typing import Any
 
 from turnforge.envs.service.domain import Domain, load_domain
-from turnforge.envs.service.evaluation import GRADED_ENDINGS, evaluate, judge_messages, read_judge_reply
+from turnforge.envs.service.evaluation import (
+    ENV_ASSERTION,
+    GRADED_ENDINGS,
+    actions_done_in_order,
+    evaluate,
+    judge_messages,
+    read_judge_reply,
+)
 from turnforge.envs.service.users import STOP, ModelUser, ScriptedUser, User, is_user_stop
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -61,6 +72,8 @@ class ServiceEnv:
         self.roles: tuple[str, ...] = (() if user in SCRIPTED_USERS else ("user",)) + (("judge",) if judge else ())
         self.clients: dict[str, Any] = {}
         self._tools = self.domain.kind.toolkit.schemas()
+        user_side = self.domain.kind.user
+        self._user_tools = user_side.toolkit.schemas() if user_side is not None else None
 
     # ---- Env protocol ------------------------------------------------------------------------------------
     def use_roles(self, clients: dict[str, Any]) -> None:
@@ -73,10 +86,10 @@ class ServiceEnv:
         self.task, self.spec = task, task.data  # tau2's task dict (its own "id" keys the gold DB)
         if task.data.get("id") not in self.domain.tasks:
             raise ValueError(f"task {task.id!r} is not a task of service domain {self.domain.name!r} ({self.domain.source})")
-        self.db = self.domain.new_db()
-        self.toolkit = self.domain.toolkit(self.db)
+        self.state = self.domain.new_state(self.spec)
+        self.db = self.state.db
         self.user: User = ScriptedUser(self.spec) if self.user_kind in SCRIPTED_USERS else \
-            ModelUser(self.clients["user"], self.spec.get("user_scenario") or {})
+            ModelUser(self.clients["user"], self.spec.get("user_scenario") or {}, self._user_tools, self.format)
         self.history: list[Message] = [Message("assistant", GREETING)]  # tau2's trajectory
         self.conversation: list[Message] = [Message("assistant", GREETING)]  # what the user sees
         self.steps = self.errors = self.tool_calls = self.user_errors = 0
@@ -125,12 +138,18 @@ class ServiceEnv:
         return self._user_turn()
 
     def _user_turn(self) -> list[Message]:
-        text = self.user.reply(self.conversation, self.history)
+        reply = self.user.reply(self.conversation, self.history)
         self.steps += 1
-        if text is None:
+        while reply is not None and reply.tool_calls and self._user_tools is not None:
+            if not self._user_tool_turn(reply):
+                return []
+            reply = self.user.reply(self.conversation, self.history)
+            self.steps += 1
+        if reply is None or reply.tool_calls:  # no message, or tool calls from a user who has no tools
             self.user_errors += 1
             self.termination = "user_error"
             return []
+        text = reply.content
         message = Message("user", text)
         self.history.append(message)
         self.conversation.append(message)
@@ -138,6 +157,25 @@ class ServiceEnv:
             self.termination = "user_stop"
         self._check_limits()
         return [message]
+
+    def _user_tool_turn(self, reply: Message) -> bool:
+        """The user's calls on its own tools, answered to the user; False when the episode ended there."""
+        calls = [ToolCall(c.name, c.arguments, c.id or f"user_call_{self.tool_calls + i}")
+                 for i, c in enumerate(reply.tool_calls)]
+        message = Message("user", reply.content, tool_calls=calls)
+        self.history.append(message)
+        self.conversation.append(message)
+        for call in calls:
+            result = self.state.call(call.name, call.arguments, "user")
+            self.tool_calls += 1
+            self.errors += result.error
+            answer = Message("tool", result.content, tool_call_id=call.id, name=call.name)
+            self.history.append(answer)
+            self.conversation.append(answer)
+        self.steps += 1
+        self.progress = self._progress()
+        self._check_limits()
+        return self.termination is None
 
     def _tool_turn(self, reply: Message) -> list[Message]:
         calls = [ToolCall(c.name, c.arguments, c.id or f"call_{self.tool_calls + i}") for i, c in enumerate(reply.tool_calls)]
@@ -148,14 +186,14 @@ class ServiceEnv:
             return []
         out, wrote = [], False
         for call in calls:
-            result = self.toolkit.call(call.name, call.arguments)
+            result = self.state.call(call.name, call.arguments)
             self.tool_calls += 1
             self.errors += result.error
             wrote |= self.domain.tool_kinds().get(call.name) == "write"
             self.history.append(Message("tool", result.content, tool_call_id=call.id, name=call.name))
             out.append(self.format.observation(result.content, call))
         self.steps += 1
-        if wrote:
+        if wrote or self._assertion_progress():
             self.progress = self._progress()
         self._check_limits()
         return out
@@ -183,8 +221,16 @@ class ServiceEnv:
             self.termination = "too_many_errors"
 
     # ---- grading -----------------------------------------------------------------------------------------
+    def _assertion_progress(self) -> bool:
+        criteria = self.spec.get("evaluation_criteria") or {}
+        return ENV_ASSERTION in (criteria.get("reward_basis") or []) and bool(criteria.get("env_assertions"))
+
     def _progress(self) -> float:
-        """Fraction of the gold write actions whose changed records already equal the gold ones."""
+        """Fraction of the gold write actions whose changed records already equal the gold ones; for a task graded
+        on env assertions (telecom), the fraction of its assertions already met."""
+        if self._assertion_progress():
+            assertions = self.spec["evaluation_criteria"]["env_assertions"]
+            return sum(map(self.state.assertion_met, assertions)) / len(assertions)
         gold = self.domain.gold(self.spec["id"])
         if not gold.write_records:
             return 0.0
@@ -195,7 +241,8 @@ class ServiceEnv:
         termination = self.termination or "not_ended"
         gold = self.domain.gold(self.spec["id"])
         judge = self._judge if "judge" in self.clients else None
-        verdict = evaluate(self.spec, self.history, termination, self.db, gold.db, judge=judge)
+        verdict = evaluate(self.spec, self.history, termination, self.state, gold.state,
+                           assertion=self.state.assertion_met, judge=judge)
         reward = verdict.pop("reward")
         details = {
             "domain": self.domain.name,
@@ -237,14 +284,20 @@ class ServiceEnv:
                 if a.get("requestor", "assistant") == "assistant"]
 
     def expert_reply(self) -> Message:
-        """The gold actions in order (one call per turn), then the task's `communicate_info`, then stop."""
-        actions = self._gold_actions()
-        if self.expert_done < len(actions):
-            action = actions[self.expert_done]
+        """The gold actions in order (one call per turn; for one of the user's, a message asking the user to do
+        it), then the task's `communicate_info`, then stop."""
+        actions = (self.spec.get("evaluation_criteria") or {}).get("actions") or []
+        calls = [c for m in self.history if m.role in ("assistant", "user") for c in m.tool_calls or []]
+        done = actions_done_in_order(actions, calls)
+        if done < len(actions) and self.expert_done < 2 * len(actions):  # two turns per action at most: nothing loops
             self.expert_done += 1
-            return Message("assistant", "", tool_calls=[ToolCall(action["name"], dict(action.get("arguments") or {}))])
-        if self.expert_done == len(actions):
-            self.expert_done += 1
+            action = actions[done]
+            arguments = dict(action.get("arguments") or {})
+            if action.get("requestor", "assistant") == "user":
+                return Message("assistant", f"Please do this on your phone: {action['name']} {json.dumps(arguments)}")
+            return Message("assistant", "", tool_calls=[ToolCall(action["name"], arguments)])
+        if self.expert_done < 2 * len(actions) + 1:
+            self.expert_done = 2 * len(actions) + 1
             info = (self.spec.get("evaluation_criteria") or {}).get("communicate_info") or []
             return Message("assistant", "; ".join(info) if info else "Your request has been handled.")
         return Message("assistant", STOP)

@@ -73,6 +73,20 @@ def action_matches(action: dict, call: ToolCall) -> bool:
     }
 
 
+def actions_done_in_order(actions: list[dict], calls: list[ToolCall]) -> int:
+    """How many of the gold `actions`, from the first, the `calls` performed in that order (each call matches at
+    most one action). The scripted user and the expert use it to know whose gold action is next.
+
+    >>> actions_done_in_order([{"name": "a"}, {"name": "b"}], [ToolCall("b", {}), ToolCall("a", {})])
+    1
+    """
+    done = 0
+    for call in calls:
+        if done < len(actions) and action_matches(actions[done], call):
+            done += 1
+    return done
+
+
 def communicated(info: str, messages: list[Message]) -> bool:
     """tau2's COMMUNICATE check for one string: in an assistant message's text, commas removed, any case."""
     return any(

@@ -4,7 +4,9 @@ user for tests and gold runs, and the replay user that re-grades saved conversat
 LLM user (tau2-bench `user/user_simulator.py`): system prompt = the simulation guidelines +
 `<scenario>{user_scenario}</scenario>`; it sees the conversation with roles flipped (the agent's messages as
 `user`, its own as `assistant`; the agent's tool calls and results never); its stop tokens `###STOP###`,
-`###TRANSFER###`, `###OUT-OF-SCOPE###` end the episode (USER_STOP).
+`###TRANSFER###`, `###OUT-OF-SCOPE###` end the episode (USER_STOP). In a dual-control domain (telecom) it gets
+the user's tools and tau2's tools guidelines: a reply may be tool calls on its own device, whose results come
+back to it (as `tool` messages) before it speaks to the agent again; the agent sees only what it says.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import textwrap
 from pathlib import Path
 from typing import Any, Protocol
 
-from turnforge.envs.service.evaluation import action_matches
+from turnforge.envs.service.evaluation import action_matches, actions_done_in_order
+from turnforge.formats.base import Format, FormatError
 from turnforge.policies.base import Generation, Prompt, SamplingParams
-from turnforge.types import Message
+from turnforge.types import Message, ToolCall
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 USER_STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
@@ -38,6 +41,42 @@ SIMULATION_GUIDELINES = "\n".join([
     '- The goal is to continue the conversation until the task is complete.',
     "- If the instruction goal is satisified, generate the '###STOP###' token to end the conversation.",
     "- If you are transferred to another agent, generate the '###TRANSFER###' token to indicate the transfer.",
+    "- If you find yourself in a situation in which the scenario does not provide enough information for you to continue the conversation, generate the '###OUT-OF-SCOPE###' token to end the conversation.",
+    'Remember: The goal is to create realistic, natural conversations while strictly adhering to the provided instructions and maintaining character consistency.',
+    '',
+])
+
+
+# tau2-bench data/tau2/user_simulator/simulation_guidelines_tools.md (MIT, (c) 2025 Sierra Research), verbatim:
+# the guidelines of a user who has tools (dual control).
+SIMULATION_GUIDELINES_TOOLS = "\n".join([
+    '# User Simulation Guidelines',
+    '',
+    'You are playing the role of a customer contacting a customer service representative agent.\x20',
+    'Your goal is to simulate realistic customer interactions while following specific scenario instructions.',
+    'You have some tools to perform the actions on your end that might be requested by the agent to diagnose and resolve your issue.',
+    '',
+    '## Core Principles',
+    '- Generate one message at a time, maintaining natural conversation flow.',
+    '- At each turn you can either:',
+    '    - Send a message to the agent.',
+    '    - Make a tool call to perform an action requested by the agent.',
+    '    - You cannot do both at the same time.',
+    '- Strictly follow the scenario instructions you have received.',
+    '- Never make up or hallucinate information not provided in the scenario instructions. Information that is not provided in the scenario instructions should be considered unknown or unavailable.',
+    '- Never make up the results of tool calls that the agent has requested, you must ground your responses based on the results of tool calls if the agent has requested.',
+    '- If you made an error in a tool call and get an error message, fix the error and try again.',
+    '- All the information you provide to the agent must be grounded in the information provided in the scenario instructions or the results of tool calls.',
+    '- Avoid repeating the exact instructions verbatim. Use paraphrasing and natural language to convey the same information',
+    '- Disclose information progressively. Wait for the agent to ask for specific information before providing it.',
+    '- Only call a tool if the agent has requested it or if it is necessary to answer a question the agent has asked. Ask clarifying questions if you do not know what action to take.',
+    '- If the agent asks multiple actions to perform, state that you cannot perform multiple actions at once, and ask the agent to instruct you one action at a time.',
+    '- Your messages when performing tool calls will not be displayed to the agent, only the messages without tool calls will be displayed to the agent.',
+    '',
+    '## Task Completion',
+    '- The goal is to continue the conversation until the task is complete.',
+    "- If the instruction goal is satisified, generate the '###STOP###' token to end the conversation.",
+    "- If you have been transferred to another agent, generate the '###TRANSFER###' token to indicate the transfer. Only do this after the agent has clearly indicated that you are being transferred.",
     "- If you find yourself in a situation in which the scenario does not provide enough information for you to continue the conversation, generate the '###OUT-OF-SCOPE###' token to end the conversation.",
     'Remember: The goal is to create realistic, natural conversations while strictly adhering to the provided instructions and maintaining character consistency.',
     '',
@@ -68,9 +107,10 @@ def scenario_text(scenario: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def user_system_prompt(scenario: dict[str, Any]) -> str:
-    """tau2's user SYSTEM_PROMPT: guidelines, then the scenario in `<scenario>` tags."""
-    return f"{SIMULATION_GUIDELINES}\n\n<scenario>\n{scenario_text(scenario)}\n</scenario>"
+def user_system_prompt(scenario: dict[str, Any], with_tools: bool = False) -> str:
+    """tau2's user SYSTEM_PROMPT: guidelines (the tools ones for a user with tools), then the scenario in tags."""
+    guidelines = SIMULATION_GUIDELINES_TOOLS if with_tools else SIMULATION_GUIDELINES
+    return f"{guidelines}\n\n<scenario>\n{scenario_text(scenario)}\n</scenario>"
 
 
 class User(Protocol):
@@ -78,35 +118,50 @@ class User(Protocol):
 
     tokens: int
 
-    def reply(self, conversation: list[Message], history: list[Message]) -> str | None:
-        """The user's next message (None: the user broke protocol or has nothing left: user error / end).
-        `conversation` = the messages routed to / from the user so far (greeting first), agent-side roles;
-        `history` = the whole episode (tool calls and results included)."""
+    def reply(self, conversation: list[Message], history: list[Message]) -> Message | None:
+        """The user's next message, role "user": text for the agent, or (dual control) tool calls on the user's
+        own tools (None: the user broke protocol or has nothing left: user error / end).
+        `conversation` = the messages routed to / from the user so far (greeting first; the user's own tool calls
+        and their results included), agent-side roles; `history` = the whole episode."""
         ...
 
 
 class ModelUser:
     """An LLM user simulator: the `user` role's client, prompted as tau2 prompts its user."""
 
-    def __init__(self, client: Any, scenario: dict[str, Any]):
-        self.client, self.system = client, user_system_prompt(scenario)
+    def __init__(self, client: Any, scenario: dict[str, Any], tools: list[dict] | None = None,
+                 format: Format | None = None):
+        self.client, self.tools, self.format = client, tools, format
+        self.system = user_system_prompt(scenario, with_tools=bool(tools))
         self.tokens = 0
 
-    def reply(self, conversation: list[Message], history: list[Message]) -> str | None:
+    def reply(self, conversation: list[Message], history: list[Message]) -> Message | None:
         flipped = [Message("system", self.system)]
         for m in conversation:
-            flipped.append(Message("user" if m.role == "assistant" else "assistant", m.content))
-        gen: Generation = self.client.generate(flipped)
+            if m.role == "tool":
+                flipped.append(m)
+            else:
+                flipped.append(Message("user" if m.role == "assistant" else "assistant", m.content, m.tool_calls))
+        gen: Generation = self.client.generate(flipped, tools=self.tools) if self.tools else self.client.generate(flipped)
         self.tokens += len(gen.ids)
         if gen.finish_reason == "exhausted":  # a replayed user with nothing left: the recorded user ended here
-            return STOP
+            return Message("user", STOP)
+        if self.tools and self.format is not None:
+            parsed = self.format.parse(gen.text)
+            if isinstance(parsed, FormatError):
+                return None  # a tool call that cannot be read breaks the protocol: a user error, not the agent's
+            if parsed.tool_calls:
+                return Message("user", parsed.content, tool_calls=parsed.tool_calls)
         text = gen.text.strip()
-        return text or None  # an empty user message breaks tau2's protocol
+        return Message("user", text) if text else None  # an empty user message breaks tau2's protocol
 
 
 class ScriptedUser:
     """States `reason_for_call` and `known_info`, then confirms; says ###STOP### once every gold action of
-    the agent has a matching call (or after `patience` replies without a new match)."""
+    the agent has a matching call (or after `patience` replies without a new match).
+
+    Dual control: when the next gold action in order (see `actions_done_in_order`) is the user's, it performs it
+    on its own tools instead of answering, and stops once every gold action of both sides is done."""
 
     def __init__(self, task: dict[str, Any], patience: int = 8):
         instructions = (task.get("user_scenario") or {}).get("instructions") or {}
@@ -116,22 +171,36 @@ class ScriptedUser:
         else:
             self.opening = str(instructions)
         criteria = task.get("evaluation_criteria") or {}
-        self.actions = [a for a in criteria.get("actions") or [] if a.get("requestor", "assistant") == "assistant"]
+        self.all_actions = list(criteria.get("actions") or [])
+        self.actions = [a for a in self.all_actions if a.get("requestor", "assistant") == "assistant"]
+        self.dual = any(a.get("requestor") == "user" for a in self.all_actions)
         self.patience, self.idle, self.best = patience, 0, -1
-        self.tokens = 0
+        self.tokens = self.user_calls = 0
 
-    def reply(self, conversation: list[Message], history: list[Message]) -> str | None:
+    def reply(self, conversation: list[Message], history: list[Message]) -> Message | None:
         if len(conversation) <= 1:
-            return self.opening or "Hi, I need some help."
+            return Message("user", self.opening or "Hi, I need some help.")
+        if self.dual:
+            calls = [c for m in history if m.role in ("assistant", "user") for c in m.tool_calls or []]
+            done = actions_done_in_order(self.all_actions, calls)
+            if done == len(self.all_actions):
+                return Message("user", STOP)
+            action = self.all_actions[done]
+            if action.get("requestor") == "user":  # its own call matches the action: the next reply moves on
+                self.user_calls += 1
+                return Message("user", "", tool_calls=[ToolCall(action["name"], dict(action.get("arguments") or {}),
+                                                                f"user_call_{self.user_calls}")])
+            if conversation[-1].role == "tool":
+                return Message("user", "Done.")
         calls = [c for m in history if m.role == "assistant" for c in m.tool_calls or []]
         done = sum(any(action_matches(a, c) for c in calls) for a in self.actions)
-        if done == len(self.actions):
-            return STOP
+        if done == len(self.actions) and not self.dual:
+            return Message("user", STOP)
         self.idle = 0 if done > self.best else self.idle + 1
         self.best = max(self.best, done)
         if self.idle >= self.patience:
-            return STOP
-        return "Yes, I confirm. Please go ahead."
+            return Message("user", STOP)
+        return Message("user", "Yes, I confirm. Please go ahead.")
 
 
 class ReplayUserPolicy:
