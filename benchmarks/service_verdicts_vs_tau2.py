@@ -4,8 +4,10 @@ Plays every train task of a domain with the expert and with perturbed experts (a
 one argument of it changed, the communicate message left out, the gold calls shuffled and cut), then grades
 each conversation twice: by turnforge (`ServiceEnv.score()`) and by tau2-bench's evaluator classes
 (`EnvironmentEvaluator` replaying the conversation's tool calls on a fresh tau2 environment and comparing DB
-hashes, `ActionEvaluator`, `CommunicateEvaluator`), combined over the task's reward basis as
-`evaluate_simulation` combines them. NL_ASSERTION needs an LLM in both and is left out. tau2's code is imported
+hashes and running the env assertions, `ActionEvaluator`, `CommunicateEvaluator`), combined over the task's
+reward basis as `evaluate_simulation` combines them. In telecom (dual control) the variants change the gold
+actions of both sides, which the expert and the scripted user then play (the user's device-tool calls and their
+results are in the conversation, marked as the user's, as tau2 records them). NL_ASSERTION needs an LLM in both and is left out. tau2's code is imported
 from a checkout given by --tau2-src (its `src/` folder, with `data/tau2/domains/<domain>/` under TAU2_DATA_DIR);
 nothing of it is copied here. tau2 needs pydantic, loguru, docstring_parser, deepdiff, addict, toml, pyyaml,
 python-dotenv and pandas, and its `tau2/__init__.py` (which imports the LLM runner) emptied.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import json
 import random
@@ -32,20 +35,16 @@ VARIANTS = ("expert", "drop_write", "change_arg", "no_communicate", "shuffle_cut
 
 def play(env, task, variant: str, rng: random.Random):
     """One conversation: the variant's tool calls, a closing message, and the scripted user's stop."""
-    env.reset(task)
     spec = task.data
-    actions = [copy.deepcopy(a) for a in spec["evaluation_criteria"].get("actions") or []]
-    writes = [i for i, a in enumerate(actions) if env.domain.tool_kinds().get(a["name"]) == "write"]
-    if variant == "drop_write" and writes:
-        del actions[writes[-1]]
-    if variant == "change_arg" and writes:
-        args = actions[writes[0]]["arguments"]
-        key = sorted(k for k, v in args.items() if isinstance(v, str))[:1]
-        if key:
-            args[key[0]] += "X"
-    if variant == "shuffle_cut":
-        rng.shuffle(actions)
-        actions = actions[: rng.randint(0, len(actions))]
+    actions = variant_actions(env, spec, variant, rng)
+    if env.domain.kind.user is not None:  # dual control: the expert and the scripted user play the variant's actions
+        env.reset(dataclasses.replace(task, data={**spec, "evaluation_criteria": {**spec["evaluation_criteria"],
+                                                                                  "actions": actions}}))
+        while env.termination is None:
+            env.step(env.expert_reply())
+        env.spec, env._score = spec, None  # graded on the task's own criteria
+        return env.history, env.score()
+    env.reset(task)
     for a in actions:
         if env.termination is not None:
             break
@@ -59,6 +58,25 @@ def play(env, task, variant: str, rng: random.Random):
     return env.history, env.score()
 
 
+def variant_actions(env, spec: dict, variant: str, rng: random.Random) -> list[dict]:
+    """The gold actions as the variant changes them (a write of either side dropped, an argument changed, ...)."""
+    actions = [copy.deepcopy(a) for a in spec["evaluation_criteria"].get("actions") or []]
+    user_side = env.domain.kind.user
+    kinds = {**(user_side.toolkit.tool_kinds() if user_side else {}), **env.domain.tool_kinds()}
+    writes = [i for i, a in enumerate(actions) if kinds.get(a["name"]) == "write"]
+    if variant == "drop_write" and writes:
+        del actions[writes[-1]]
+    if variant == "change_arg" and writes:
+        args = actions[writes[0]]["arguments"]
+        key = sorted(k for k, v in args.items() if isinstance(v, str))[:1]
+        if key:
+            args[key[0]] += "X"
+    if variant == "shuffle_cut":
+        rng.shuffle(actions)
+        actions = actions[: rng.randint(0, len(actions))]
+    return actions
+
+
 def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: str) -> dict:
     msg = importlib.import_module("tau2.data_model.message")
     tasks = importlib.import_module("tau2.data_model.tasks")
@@ -66,17 +84,19 @@ def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: s
     act_eval = importlib.import_module("tau2.evaluator.evaluator_action").ActionEvaluator
     com_eval = importlib.import_module("tau2.evaluator.evaluator_communicate").CommunicateEvaluator
     get_env = importlib.import_module(f"tau2.domains.{domain}.environment").get_environment
-    trajectory = []
+    trajectory, caller = [], "assistant"
     for m in history:
+        calls = [msg.ToolCall(id=c.id or "", name=c.name, arguments=c.arguments, requestor=m.role)
+                 for c in m.tool_calls or []] or None
+        if calls:
+            caller = m.role
         if m.role == "assistant":
-            calls = [msg.ToolCall(id=c.id or "", name=c.name, arguments=c.arguments, requestor="assistant")
-                     for c in m.tool_calls or []] or None
             trajectory.append(msg.AssistantMessage(role="assistant", content=m.content or None, tool_calls=calls))
         elif m.role == "user":
-            trajectory.append(msg.UserMessage(role="user", content=m.content))
+            trajectory.append(msg.UserMessage(role="user", content=m.content or None, tool_calls=calls))
         elif m.role == "tool":
             trajectory.append(msg.ToolMessage(id=m.tool_call_id or "", role="tool", content=m.content,
-                                              requestor="assistant"))
+                                              requestor=caller))
     task = tasks.Task.model_validate(spec)
     if termination not in ("agent_stop", "user_stop"):
         return {"reward": 0.0, "breakdown": {}}
@@ -94,7 +114,8 @@ def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: s
     reward = 1.0
     for v in breakdown.values():
         reward *= v
-    return {"reward": reward, "breakdown": breakdown}
+    db_match = env_info.db_check.db_match if env_info.db_check is not None else None
+    return {"reward": reward, "breakdown": breakdown, "db_match": db_match}
 
 
 def main() -> None:
@@ -113,7 +134,7 @@ def main() -> None:
     opts = {"domain": args.domain, "data_dir": args.data_dir}
     env = make_env("service", **opts)
     rng = random.Random(0)
-    compared = disagreements = 0
+    compared = disagreements = db_agree = 0
     by_variant: dict[str, list[int]] = {}
     for task in load_tasks("service", "train", **opts):
         for variant in VARIANTS:
@@ -121,6 +142,7 @@ def main() -> None:
             ours = {k: v for k, v in score.details["reward_breakdown"].items() if k != "NL_ASSERTION"}
             theirs = tau2_verdict(args.domain, task.data, history, score.details["termination"])
             compared += 1
+            db_agree += score.details.get("db_match") == theirs.get("db_match")
             agree = ours == theirs["breakdown"] or (score.details["termination"] not in ("agent_stop", "user_stop")
                                                     and score.reward == 0.0)
             counts = by_variant.setdefault(variant, [0, 0, 0])
@@ -130,7 +152,8 @@ def main() -> None:
             if not agree:
                 disagreements += 1
                 print(json.dumps({"task": task.id, "variant": variant, "ours": ours, "tau2": theirs["breakdown"]}))
-    print(f"{args.domain}: {compared} conversations, {compared - disagreements} verdicts agree, {disagreements} differ")
+    print(f"{args.domain}: {compared} conversations, {compared - disagreements} verdicts agree, {disagreements} differ; "
+          f"db_match (agent + user DB hashes, in the basis or not) agrees on {db_agree}")
     for variant, (n, agree, passed) in by_variant.items():
         print(f"  {variant:15s} n={n:3d} agree={agree:3d} passed(ours)={passed:3d}")
 

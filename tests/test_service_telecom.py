@@ -154,3 +154,19 @@ def test_an_llm_user_gets_the_device_tools_and_their_results(domain):
     messages, tools = model.calls[-1]
     assert len(tools) == 30 and messages[-1].role == "tool" and messages[-1].content.startswith("Status Bar: ")
     assert env.user.tokens == 6
+
+
+def test_a_replayed_user_replays_its_device_tool_calls(tmp_path):
+    from turnforge.envs.service.users import ReplayUserPolicy
+    from turnforge.policies.base import Prompt, SamplingParams
+
+    call = {"id": "u1", "type": "function", "function": {"name": "toggle_data", "arguments": {}}}
+    line = {"task_id": "t", "messages": [{"role": "assistant", "content": "Hi! How can I help you today?"},
+                                         {"role": "user", "content": "No data."},
+                                         {"role": "user", "content": "", "tool_calls": [call]}]}
+    (tmp_path / "c.jsonl").write_text(json.dumps(line) + "\n")
+    replay = ReplayUserPolicy(tmp_path / "c.jsonl")
+    task = type("T", (), {"id": "t"})()
+    texts = [replay.generate([Prompt([], task, 0, turn)], SamplingParams())[0].text for turn in (0, 1)]
+    assert texts[0] == "No data."
+    assert get_format("tool_call").parse(texts[1]).tool_calls[0].name == "toggle_data"

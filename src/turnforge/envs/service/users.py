@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from turnforge.envs.service.evaluation import action_matches, actions_done_in_order
+from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.types import Message, ToolCall
@@ -209,6 +210,8 @@ class ReplayUserPolicy:
     Reads the same JSONL as `--policy replay:FILE` (`{"task_id", "sample"?, "messages": [...]}` or saved
     trajectories); a user message that follows nothing but the greeting is the first. When the recorded
     user has no message left the reply is empty with finish_reason "exhausted": the episode ends there.
+    A recorded user message with tool calls (dual control) is replayed as those calls, written in the tool_call
+    format the service env reads the user's replies with; their results are recomputed, like the agent's.
     """
 
     renderer = None
@@ -222,9 +225,7 @@ class ReplayUserPolicy:
                 if line.strip():
                     record = json.loads(line)
                     key = (str(record["task_id"]), int(record.get("sample", 0)))
-                    users = [m.get("content") or "" for m in record.get("messages", []) if m.get("role") == "user"
-                             and not m.get("tool_calls")]
-                    self.messages[key] = users
+                    self.messages[key] = [_replayed_text(m) for m in record.get("messages", []) if m.get("role") == "user"]
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         out = []
@@ -235,3 +236,9 @@ class ReplayUserPolicy:
             else:
                 out.append(Generation(text="", finish_reason="exhausted"))
         return out
+
+
+def _replayed_text(message: dict) -> str:
+    if not message.get("tool_calls"):
+        return message.get("content") or ""
+    return get_format("tool_call").render(Message.from_dict({**message, "role": "assistant"}))
