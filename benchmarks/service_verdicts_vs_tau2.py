@@ -77,7 +77,7 @@ def variant_actions(env, spec: dict, variant: str, rng: random.Random) -> list[d
     return actions
 
 
-def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: str) -> dict:
+def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: str, strict: bool = False) -> dict:
     msg = importlib.import_module("tau2.data_model.message")
     tasks = importlib.import_module("tau2.data_model.tasks")
     env_eval = importlib.import_module("tau2.evaluator.evaluator_env").EnvironmentEvaluator
@@ -102,7 +102,7 @@ def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: s
         return {"reward": 0.0, "breakdown": {}}
     basis = [str(getattr(b, "value", b)) for b in task.evaluation_criteria.reward_basis]
     env_info = env_eval.calculate_reward(environment_constructor=partial(get_env), task=task,
-                                         full_trajectory=trajectory, strict_replay=False)
+                                         full_trajectory=trajectory, strict_replay=strict)
     act_info = act_eval.calculate_reward(task=task, full_trajectory=trajectory)
     com_info = com_eval.calculate_reward(task=task, full_trajectory=trajectory)
     breakdown = {}
@@ -123,6 +123,8 @@ def main() -> None:
     parser.add_argument("--tau2-src", required=True)
     parser.add_argument("--domain", default="airline")
     parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--strict-replay", action="store_true",
+                        help="tau2 replays strictly: a mutating call whose output differs from ours raises")
     args = parser.parse_args()
     sys.path.insert(0, args.tau2_src)
     import logging
@@ -140,7 +142,7 @@ def main() -> None:
         for variant in VARIANTS:
             history, score = play(env, task, variant, rng)
             ours = {k: v for k, v in score.details["reward_breakdown"].items() if k != "NL_ASSERTION"}
-            theirs = tau2_verdict(args.domain, task.data, history, score.details["termination"])
+            theirs = tau2_verdict(args.domain, task.data, history, score.details["termination"], args.strict_replay)
             compared += 1
             db_agree += score.details.get("db_match") == theirs.get("db_match")
             agree = ours == theirs["breakdown"] or (score.details["termination"] not in ("agent_stop", "user_stop")
