@@ -105,3 +105,29 @@ def test_without_ray_nothing_imports_it(tmp_path: Path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_recipe_fans_its_rollout_stages_out_with_cli_ray(local_ray, tmp_path: Path):
+    """`turnforge run RECIPE --ray auto --workers 2`: collect and eval stages on Ray, the same results as without."""
+    from typer.testing import CliRunner
+
+    from turnforge.cli import app
+
+    recipe = tmp_path / "scripted.toml"
+    recipe.write_text('[env]\nname = "household"\n\n[[stages]]\nkind = "collect"\ntasks = 4\n\n'
+                      '[[stages]]\nkind = "eval"\npolicy = "random"\ntasks = 4\nsamples = 2\n')
+    results = {}
+    for name, flags in (("here", []), ("ray", ["--ray", "auto", "--workers", "2"])):
+        done = CliRunner().invoke(app, ["run", str(recipe), "--out", str(tmp_path / name), *flags])
+        assert done.exit_code == 0, done.output
+        results[name] = json.loads((tmp_path / name / "summary.json").read_text(encoding="utf-8"))
+    assert _summary(results["ray"]["eval"]["eval"]) == _summary(results["here"]["eval"]["eval"])
+    assert 'ray = "auto"' in (tmp_path / "ray" / "config.toml").read_text(encoding="utf-8")
+    assert _episodes(tmp_path / "ray" / "eval" / "eval") == _episodes(tmp_path / "here" / "eval" / "eval")
+
+
+def test_workers_without_ray_is_a_recipe_error(tmp_path: Path):
+    from turnforge.recipes import RecipeError, parse_recipe
+
+    with pytest.raises(RecipeError, match="scale"):
+        parse_recipe({"scale": {"workers": 4}, "stages": [{"kind": "eval", "policy": "expert"}]})
