@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+CONFIGS = Path(__file__).parents[1] / "configs" / "accelerate"
+
 RECIPE = """\
 name = "two-processes"
 
@@ -55,11 +57,19 @@ tasks = 2
 """
 
 
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"])
+def test_the_shipped_accelerate_configs_load(name: str):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(CONFIGS / f"{name}.yaml"))
+    assert config.distributed_type.value == {"ddp": "MULTI_GPU", "fsdp": "FSDP"}.get(name, "DEEPSPEED")
+
+
 def _launch(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    command = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517", *args]
+    command = [accelerate, "launch", "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
+               "--main_process_port", "29517", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -114,7 +114,9 @@ def _line_step(line: str) -> int | None:
 def save_trained(trainer: Any, tokenizer: Any, out_dir: Path, lora: LoraSpec | None, merge: bool) -> Path:
     """Write `out_dir/model`: the LoRA adapter alone (`merge = false`), else the merged (or fully trained) model."""
     model_dir = out_dir / MODEL_DIR
-    if lora is not None and not merge:
+    # FSDP and DeepSpeed ZeRO shard the weights: TRL's save_model gathers them (every process takes part).
+    sharded = getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False)
+    if (lora is not None and not merge) or (lora is None and sharded):
         trainer.save_model(str(model_dir))  # the adapter (adapter_config.json + weights) and the tokenizer
     elif trainer.is_world_process_zero():  # under `accelerate launch`, one process writes
         merge_and_save(trainer.model, tokenizer, model_dir)
