@@ -131,3 +131,20 @@ def test_workers_without_ray_is_a_recipe_error(tmp_path: Path):
 
     with pytest.raises(RecipeError, match="scale"):
         parse_recipe({"scale": {"workers": 4}, "stages": [{"kind": "eval", "policy": "expert"}]})
+
+
+@pytest.mark.slow  # each worker loads torch and the model (~30 s here)
+def test_hf_replicas_on_ray_workers(local_ray, tiny_model_dir: Path, tmp_path: Path):
+    """hf policy replicas, one per worker, built from the spec; the driver loads no model."""
+    from turnforge.policies.base import SamplingParams
+
+    args = dict(env="household", env_options={"format": "act_line"}, policy_spec="hf", split="test", n_tasks=4,
+                samples=1, seed=0, model=str(tiny_model_dir), params=SamplingParams(max_new_tokens=8),
+                policy_options={"device": "cpu"}, max_env_errors=0.0)
+    here = run_eval(**args, out_dir=tmp_path / "here", limits=RolloutLimits(max_turns=3))
+    there = run_eval(**args, out_dir=tmp_path / "ray", limits=RolloutLimits(max_turns=3, max_open=2),
+                     scale=ScaleConfig(ray="auto", workers=2))
+    assert there["n_episodes"] == here["n_episodes"] == 4
+    ray_episodes = _episodes(tmp_path / "ray")
+    assert all(e["prompt_ids"] and e["tokens_generated"] > 0 for e in ray_episodes.values())  # token-exact replicas
+    assert there["tokens_generated"] == here["tokens_generated"]  # greedy, max 8 tokens a turn, 3 turns

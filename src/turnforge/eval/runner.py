@@ -30,6 +30,7 @@ from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.rundir import check_out_dir, locked
 from turnforge.scale import ScaleConfig
+from turnforge.scale.processes import on_main_process
 from turnforge.types import StopReason, Task, Trajectory, read_trajectories
 
 # Policy options that do not change results, left out of a run's identity (a resume may change them).
@@ -41,6 +42,7 @@ SUMMARY_FILE = "summary.json"
 WALL_FILE = ".wall_s"  # seconds the run has taken so far, across resumes
 
 
+@on_main_process  # under `accelerate launch` one process evaluates and the others get its summary
 def run_eval(
     env: str,
     env_options: dict[str, Any],

@@ -14,6 +14,7 @@ evaluation on the main process can take hours, and torch's default (30 min) woul
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -46,6 +47,16 @@ def wait_for_everyone() -> None:
     """A barrier across the launched processes (nothing without a launcher, or inside a main-only step)."""
     if launched() and not getattr(_alone, "active", False):
         _state().wait_for_everyone()
+
+
+def on_main_process(fn: Callable[..., T]) -> Callable[..., T]:
+    """Decorator: every call runs on the main process only (`main_process_result`), e.g. an evaluation."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        return main_process_result(lambda: fn(*args, **kwargs))
+
+    return wrapper
 
 
 def main_process_result(fn: Callable[[], T]) -> T:
