@@ -9,6 +9,8 @@
     turnforge eval --env household --policy hf --model M --temperature 1.0 --top-p 0.95 --samples 8 --out runs/pass8
     turnforge serve --model runs/qs/stages/02-sft/model --port 8000
     turnforge eval --env household --policy openai:http://127.0.0.1:8000/v1 --concurrency 16 --out runs/via-http
+    turnforge eval --env household --policy expert --ray auto --workers 4 --out runs/ray
+    accelerate launch --config_file configs/accelerate/ddp.yaml -m turnforge run alfworld_sft --out runs/alf
 
 Bad input ends with a one-line `error: ...` on stderr and exit code 2, never a traceback.
 """
@@ -36,6 +38,7 @@ from turnforge.policies import BackendError, PolicySpec
 from turnforge.policies.base import BackendNotInstalled, SamplingParams
 from turnforge.recipes import load_recipe, packaged_recipes
 from turnforge.rollout import RolloutLimits
+from turnforge.scale import ScaleConfig
 
 app = typer.Typer(
     help="Train and evaluate small LLM agents on multi-turn, tool-using environments.",
@@ -142,6 +145,14 @@ def _allowed(option) -> str:
     return f">= {low:g}" if low is not None else f"<= {high:g}" if high is not None else ""
 
 
+RayOption = Annotated[
+    str | None,
+    typer.Option(help="Run the episodes on Ray workers: auto (a local instance, or the one in RAY_ADDRESS) or an "
+                 "address such as ray://head:10001. Needs turnforge[ray]."),
+]
+WorkersOption = Annotated[int, typer.Option(help="Ray workers (--ray): each builds the env and a policy replica.")]
+
+
 @app.command("eval")
 @_user_errors
 def eval_command(
@@ -178,12 +189,18 @@ def eval_command(
     max_env_errors: Annotated[
         float, typer.Option(help="Share of episodes that may end in an env error before the command fails.")
     ] = 0.0,
+    ray: RayOption = None,
+    workers: WorkersOption = 1,
+    worker_cpus: Annotated[float, typer.Option(help="CPUs Ray reserves per worker (--ray).")] = 1.0,
+    worker_gpus: Annotated[float, typer.Option(help="GPUs Ray reserves per worker: 1 for an hf/vllm replica each (--ray).")] = 0.0,
 ) -> None:
     """Evaluate a policy; writes OUT/episodes.jsonl and OUT/summary.json and prints the table."""
     if limit_open < 1:  # said here, in the flag's own name
         raise ValueError(f"--limit-open must be at least 1 (episodes open at once), got {limit_open}")
     if not 0.0 <= max_env_errors <= 1.0:
         raise ValueError(f"--max-env-errors is a share of the episodes, in 0..1; got {max_env_errors}")
+    if ray is None and workers > 1:
+        raise ValueError(f"--workers {workers} needs --ray (auto or an address); without it episodes run in this process")
     kind = PolicySpec.parse(policy).kind
     policy_options: dict[str, Any] = {}
     if kind == "openai":
@@ -206,6 +223,7 @@ def eval_command(
                               stop=list(stop or []), seed=seed),
         policy_options=policy_options,
         max_env_errors=max_env_errors,
+        scale=ScaleConfig(ray=ray, workers=workers, worker_cpus=worker_cpus, worker_gpus=worker_gpus),
     )
     print_summary(summary)
     typer.echo(f"wrote {out / 'summary.json'} and {out / 'episodes.jsonl'}")
@@ -230,9 +248,13 @@ def run_command(
         str | None, typer.Option(help="Redo this stage (id, name or number) and every later one.")
     ] = None,
     check: Annotated[bool, typer.Option(help="Validate the recipe, print it resolved, run nothing.")] = False,
+    ray: RayOption = None,
+    workers: Annotated[int | None, typer.Option(help="Ray workers (--ray; default: the recipe's [scale]).")] = None,
 ) -> None:
     """Run a recipe's stages in OUT (resumable); prints the evaluations side by side."""
-    loaded = load_recipe(recipe, overrides=set_ or [], model=model)
+    # --ray and --workers are the recipe's [scale] table, set like any --set (its errors name them).
+    scale = [f"scale.ray={ray}"] * (ray is not None) + [f"scale.workers={workers}"] * (workers is not None)
+    loaded = load_recipe(recipe, overrides=[*(set_ or []), *scale], model=model)
     if check:
         typer.echo(loaded.to_toml(), nl=False)
         return
@@ -249,9 +271,11 @@ def quickstart(
     ),
     model: ModelOption = None,
     set_: SetOption = None,
+    ray: RayOption = None,
+    workers: Annotated[int | None, typer.Option(help="Ray workers (--ray).")] = None,
 ) -> None:
     """Tiny model on CPU in minutes: expert data -> SFT -> evaluation before/after (`run quickstart`)."""
-    run_command("quickstart", out=out, model=model, set_=set_, restart_from=None, check=False)
+    run_command("quickstart", out=out, model=model, set_=set_, restart_from=None, check=False, ray=ray, workers=workers)
 
 
 @app.command()

@@ -41,6 +41,7 @@ from rich.console import Console
 from turnforge.eval.report import comparison_table, write_report
 from turnforge.recipes import Recipe, load_recipe
 from turnforge.rundir import check_out_dir, locked
+from turnforge.scale.processes import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
 from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
 from turnforge.stages.context import STAGES_DIR
@@ -77,7 +78,8 @@ def run_recipe(
     Raises ValueError (a RecipeError for the recipe itself) before any stage runs when the recipe is
     invalid or a finished stage's inputs changed.
     """
-    console = console or Console()
+    # Under `accelerate launch` every process runs this; the main one speaks and writes (scale/processes.py).
+    console = console or Console(quiet=not is_main_process())
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     out = Path(out_dir)
     check_out_dir(out)
@@ -86,17 +88,20 @@ def run_recipe(
         check_resumable(plans)  # before the folder is made: a refused run leaves nothing behind
     with locked(out):  # one process per run dir (a restart deletes stage folders: under the lock too)
         if restart_from is not None:
-            restart(plans, restart_from, out, console)
+            main_process_result(lambda: restart(plans, restart_from, out, console))
             check_resumable(plans)
         _warn_foreign_folders(plans, out, console)
         return _run_plans(recipe, plans, out, console)
 
 
 def _run_plans(recipe: Recipe, plans: list, out: Path, console: Console) -> dict[str, Any]:
-    (out / CONFIG_FILE).write_text(recipe.to_toml(), encoding="utf-8")
+    if is_main_process():
+        (out / CONFIG_FILE).write_text(recipe.to_toml(), encoding="utf-8")
 
     started = time.perf_counter()
     ctx = RunContext(recipe, out)
+    if launched() and any("model" in p.inputs for p in plans):
+        ctx.share_base_model()  # built once, by the main process, before any stage needs it
     stages = {plan.stage.id: _run_stage(plan, len(plans), ctx, console) for plan in plans}
     summary = {
         "recipe": recipe.name,
@@ -108,9 +113,10 @@ def _run_plans(recipe: Recipe, plans: list, out: Path, console: Console) -> dict
         "stages": stages,
         "wall_s": round(time.perf_counter() - started, 3),
     }
-    _write_json(out / SUMMARY_FILE, summary)
-    loss_files = {p.stage.id: p.dir / "metrics.jsonl" for p in plans if isinstance(p.stage, TrainStage)}
-    write_report(out, summary, recipe.to_toml(), loss_files)
+    if is_main_process():
+        _write_json(out / SUMMARY_FILE, summary)
+        loss_files = {p.stage.id: p.dir / "metrics.jsonl" for p in plans if isinstance(p.stage, TrainStage)}
+        write_report(out, summary, recipe.to_toml(), loss_files)
     return summary
 
 
@@ -216,16 +222,22 @@ def _run_stage(plan: StagePlan, total: int, ctx: RunContext, console: Console) -
     stage = plan.stage
     where = f"[{plan.index + 1}/{total}] {plan.label}"
     done = _read_json(plan.dir / DONE_FILE)
+    wait_for_everyone()  # every launched process has read done.json before the main one may write it
     status = "skipped"
     if done is not None:
         console.print(f"{where}: finished earlier, skipped")
     else:
         status = "ran"
         console.print(f"{where}: {stage.kind} ...")
-        plan.dir.mkdir(parents=True, exist_ok=True)
-        _write_json(plan.dir / STAGE_FILE, {"id": stage.id, "hash": plan.hash, "inputs": plan.inputs})
+        if is_main_process():
+            plan.dir.mkdir(parents=True, exist_ok=True)
+            _write_json(plan.dir / STAGE_FILE, {"id": stage.id, "hash": plan.hash, "inputs": plan.inputs})
         started = time.perf_counter()
-        result = stage_kind(stage.kind).run(stage, plan.index, plan.dir, ctx)
+        run = stage_kind(stage.kind).run
+        if isinstance(stage, TrainStage):  # every launched process: TRL's trainer spreads the steps over them
+            result = run(stage, plan.index, plan.dir, ctx)
+        else:  # rollouts, evaluation: the main process alone, the others wait for its result
+            result = main_process_result(lambda: run(stage, plan.index, plan.dir, ctx))
         done = {
             "id": stage.id,
             "kind": stage.kind,
@@ -234,7 +246,8 @@ def _run_stage(plan: StagePlan, total: int, ctx: RunContext, console: Console) -
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
             "result": result,
         }
-        _write_json(plan.dir / DONE_FILE, done)
+        if is_main_process():
+            _write_json(plan.dir / DONE_FILE, done)
         console.print(f"{where}: done in {done['wall_s']:.1f} s")
     ctx.registered(stage.id, done["result"])
     return {

@@ -64,6 +64,7 @@ def run_episodes(
     renderer: ChatRenderer | None = None,
     roles: dict[str, Role] | None = None,
     stats: dict[str, RoleStats] | None = None,
+    progress: bool = True,
 ) -> list[Trajectory]:
     """Run `samples_per_task` episodes of every task (except the `(task_id, sample)` keys in `skip`).
 
@@ -71,13 +72,14 @@ def run_episodes(
     (`{"user": Role(policy, params)}`); `renderer` makes the episodes token-exact (an hf policy's
     `policy.renderer`). Returns the trajectories in task order, then sample order, whatever order they
     finished in; `on_finish` sees each one as soon as it finishes. Envs are reused across episodes
-    (`reset`), except one that raised. `stats`, when given, receives each role's batching figures.
+    (`reset`), except one that raised. `stats`, when given, receives each role's batching figures. `progress`
+    shows episodes done on stderr (off in a Ray worker: the driver shows the run's).
     Callable from synchronous code (TRL's `rollout_func`) and from inside a running event loop: the episodes'
     event loop runs on a thread of its own, and the model calls run on the calling thread.
     """
     job = _Run(
         policy, env_factory, limits or RolloutLimits(), params or SamplingParams(), on_finish, seed, renderer,
-        roles or {},
+        roles or {}, progress,
     )
     episodes = [
         Episode(t, s, i)
@@ -122,12 +124,12 @@ def _run_on_loop_thread(job: _Run, episodes: list[Episode]) -> list[Trajectory]:
 class _Run:
     """One `run_episodes` call: its episodes' shared parts (queues, env pool, idle envs, output)."""
 
-    def __init__(self, policy, env_factory, limits, params, on_finish, seed, renderer, roles) -> None:
+    def __init__(self, policy, env_factory, limits, params, on_finish, seed, renderer, roles, progress) -> None:
         if "agent" in roles:
             raise ValueError("the agent role is the policy itself; give the other roles (user, judge, teacher)")
         self.roles = {"agent": Role(policy, params), **roles}
         self.policy, self.env_factory, self.limits = policy, env_factory, limits
-        self.on_finish, self.seed, self.renderer = on_finish, seed, renderer
+        self.on_finish, self.seed, self.renderer, self.progress = on_finish, seed, renderer, progress
         self.idle_envs: list[Env] = []
         self.made_envs: list[Env] = []
         self.stats: dict[str, RoleStats] = {}
@@ -164,7 +166,7 @@ class _Run:
                 self.queues.dispatch()  # one episode fewer: a batch waiting for it may be ready
 
         try:
-            with _progress_bar(len(episodes)) as advance:
+            with progress_bar(len(episodes) if self.progress else 0) as advance:
                 slots = [asyncio.create_task(slot(advance)) for _ in range(min(self.limits.max_open, len(queue)))]
                 try:
                     await asyncio.gather(*slots)
@@ -271,7 +273,7 @@ def _close(env: Env) -> None:
 
 
 @contextmanager
-def _progress_bar(total: int) -> Iterator[Callable[[Trajectory], None]]:
+def progress_bar(total: int) -> Iterator[Callable[[Trajectory], None]]:
     """`advance(traj)` per finished episode: episodes done / total, success so far and episodes/s, as a rich bar on
     stderr when it is a terminal, else as a one-line status on stderr every `STATUS_EVERY_S` seconds."""
     if total == 0:

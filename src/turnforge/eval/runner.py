@@ -29,6 +29,8 @@ from turnforge.policies.roles import env_roles
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.rundir import check_out_dir, locked
+from turnforge.scale import ScaleConfig
+from turnforge.scale.processes import on_main_process
 from turnforge.types import StopReason, Task, Trajectory, read_trajectories
 
 # Policy options that do not change results, left out of a run's identity (a resume may change them).
@@ -40,6 +42,7 @@ SUMMARY_FILE = "summary.json"
 WALL_FILE = ".wall_s"  # seconds the run has taken so far, across resumes
 
 
+@on_main_process  # under `accelerate launch` one process evaluates and the others get its summary
 def run_eval(
     env: str,
     env_options: dict[str, Any],
@@ -54,6 +57,7 @@ def run_eval(
     params: SamplingParams | None = None,
     policy_options: dict[str, Any] | None = None,
     max_env_errors: float = 0.0,
+    scale: ScaleConfig | None = None,
 ) -> dict:
     """Evaluate `policy_spec` on env `env`; writes run.json, episodes.jsonl, summary.json; returns the summary.
 
@@ -65,6 +69,9 @@ def run_eval(
     settings of model policies (default: `SamplingParams(seed=seed)`); `policy_options` go to the model
     backend (hf: device, dtype, window, batch_size, adapter). Raises ValueError (bad input, or an out dir
     holding another run) before any episode runs.
+
+    With `scale.ray` the episodes run on Ray workers (`turnforge.scale.ray_rollout`) that build the policy and
+    the env themselves; they come back to the same writer, so the files and their resume are the same.
     """
     if samples < 1 or (n_tasks is not None and n_tasks < 1):
         raise ValueError(f"--samples and --tasks must be at least 1 (got samples={samples}, tasks={n_tasks})")
@@ -72,14 +79,18 @@ def run_eval(
     params = params or SamplingParams(seed=seed)
     policy_options = policy_options or {}
     options = get_env_spec(env).coerce_options(env_options)
-    if samples > 1 and params.temperature == 0 and PolicySpec.parse(policy_spec).kind in MODEL_BACKENDS:
+    on_ray = scale is not None and scale.uses_ray
+    kind = PolicySpec.parse(policy_spec).kind
+    if samples > 1 and params.temperature == 0 and kind in MODEL_BACKENDS:
         warnings.warn(
             f"--samples {samples} at temperature 0 (greedy) runs {samples} identical episodes per task; "
             "pass --temperature > 0 to sample different ones",
             UserWarning,
             stacklevel=2,
         )
-    policy = make_policy(policy_spec, model=model, seed=seed, **policy_options)
+    # On Ray the workers hold the model replicas; this process loads none.
+    policy = None if on_ray and kind in MODEL_BACKENDS else make_policy(
+        policy_spec, model=model, seed=seed, **policy_options)
     identity = {
         "env": env,
         "env_options": options,
@@ -97,7 +108,7 @@ def run_eval(
     out = Path(out_dir)
     check_out_dir(out)
     check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
-    roles = env_roles(env, options, params, seed, policy_spec, policy_options)
+    roles = {} if on_ray else env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
     with locked(out):  # one process per out dir: two evals would write every episode twice
         (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
@@ -119,20 +130,27 @@ def run_eval(
                 # The run's time across resumes, kept up to its last finished episode (a kill loses no more).
                 wall_file.write_text(f"{wall_before + time.perf_counter() - started:.3f}\n", encoding="utf-8")
 
+            skip = frozenset(t.key for t in previous if t.stop_reason is not StopReason.env_error)
             try:
-                new = run_episodes(
-                    policy,
-                    functools.partial(make_env, env, **options),
-                    tasks,
-                    samples,
-                    limits,
-                    params=params,
-                    on_finish=on_finish,
-                    skip=frozenset(t.key for t in previous if t.stop_reason is not StopReason.env_error),
-                    seed=seed,
-                    renderer=policy.renderer,
-                    roles=roles,
-                )
+                if on_ray:
+                    from turnforge.scale.ray_rollout import EpisodeJob, run_episodes_on_ray  # imports ray
+
+                    job = EpisodeJob(env, options, policy_spec, model, policy_options, params, limits, seed)
+                    new = run_episodes_on_ray(job, tasks, samples, scale, on_finish=on_finish, skip=skip)
+                else:
+                    new = run_episodes(
+                        policy,
+                        functools.partial(make_env, env, **options),
+                        tasks,
+                        samples,
+                        limits,
+                        params=params,
+                        on_finish=on_finish,
+                        skip=skip,
+                        seed=seed,
+                        renderer=policy.renderer,
+                        roles=roles,
+                    )
             except BackendError as e:  # what finished is on disk: say so, and how to go on
                 done = len(previous) + len(finished)
                 raise BackendError(
@@ -191,7 +209,7 @@ def check_env_errors(episodes: list[Trajectory], max_share: float, out: Path) ->
 
 
 def _select_tasks(
-    env: str, split: str, options: dict[str, Any], n_tasks: int | None, policy: Policy
+    env: str, split: str, options: dict[str, Any], n_tasks: int | None, policy: Policy | None
 ) -> list[Task]:
     """The first `n_tasks` of the split (stable order); without `n_tasks`, all, or a replay's own tasks."""
     tasks = load_tasks(env, split, limit=n_tasks, **options)

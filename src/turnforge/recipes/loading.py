@@ -20,11 +20,12 @@ from turnforge.models.loading import LoraSpec
 from turnforge.recipes.recipe import Recipe, find_stage
 from turnforge.recipes.schema import EnvConfig, ModelConfig
 from turnforge.recipes.toml_text import Loc, key_line
+from turnforge.scale import ScaleConfig
 from turnforge.stages import stage_kind, stage_kinds
 from turnforge.stages.config import PlaysEnv, RolloutStage, TrainStage
 from turnforge.train.settings import SettingsError
 
-TOP_LEVEL_KEYS = ("name", "description", "model", "env", "stages")
+TOP_LEVEL_KEYS = ("name", "description", "model", "env", "scale", "stages")
 
 
 class RecipeError(ValueError):
@@ -90,6 +91,7 @@ def parse_recipe(
             report.add((key,), f"unknown key; a recipe has {', '.join(TOP_LEVEL_KEYS)}")
     model_cfg = _validate(ModelConfig, raw.get("model", {}), ("model",), report)
     env_cfg = _validate(EnvConfig, raw.get("env", {}), ("env",), report)
+    scale_cfg = _validate(ScaleConfig, raw.get("scale", {}), ("scale",), report)
     stages = _validate_stages(raw.get("stages", []), model_cfg, report)
     name = raw.get("name", source.stem if source else "recipe")
     description = raw.get("description", "")
@@ -97,7 +99,8 @@ def parse_recipe(
         if not isinstance(value, str):
             report.add((key,), f"must be a string (got {value!r})")
     # Cross-table checks run on what is valid so far, so that one pass reports every problem.
-    recipe = Recipe(name, description, model_cfg or ModelConfig(), env_cfg or EnvConfig(), stages, source)
+    recipe = Recipe(name, description, model_cfg or ModelConfig(), env_cfg or EnvConfig(), stages, source,
+                    scale_cfg or ScaleConfig())
     if env_cfg is not None:
         _check_env(recipe, report)
     _check_stages(recipe, report)

@@ -5,12 +5,13 @@ Made by `turnforge.recipes.loading.load_recipe`; the pipeline runs it and its st
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from turnforge.recipes.schema import EnvConfig, ModelConfig
 from turnforge.recipes.toml_text import dump_toml
+from turnforge.scale import ScaleConfig
 from turnforge.stages.config import StageConfig, TrainStage
 
 
@@ -24,6 +25,8 @@ class Recipe:
     env: EnvConfig
     stages: list[StageConfig]
     source: Path | None = None
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    """`[scale]`: collection, evaluation and RFT sampling on Ray workers (unset: in this process)."""
 
     def env_options(self) -> dict[str, Any]:
         """The env's options with `format` folded in, as `make_env` takes them."""
@@ -68,6 +71,7 @@ class Recipe:
             "description": self.description,
             "model": self.model.model_dump(mode="json"),
             "env": self.env.model_dump(mode="json"),
+            "scale": self.scale.model_dump(mode="json"),
             "stages": [s.model_dump(mode="json") for s in self.stages],
         }
 

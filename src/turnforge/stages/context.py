@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnforge.models.tiny import resolve_model
+from turnforge.scale.processes import main_process_result
 
 if TYPE_CHECKING:  # the recipe loader imports the stage kinds; a stage only calls its Recipe's methods
     from turnforge.recipes import Recipe
@@ -46,6 +47,11 @@ class RunContext:
             self._base = ModelRef(resolve_model(self.recipe.model.name, self.out_dir / MODELS_DIR))
             self.base_build_s = time.perf_counter() - started
         return self._base
+
+    def share_base_model(self) -> None:
+        """Under `accelerate launch`: the main process resolves the base model (building "tiny" is a write) and
+        every process takes its answer, so that none resolves it alone later, in a stage only the main one runs."""
+        self._base, self.base_build_s = main_process_result(lambda: (self.base_model(), self.base_build_s))
 
     def relative(self, path: Path) -> str:
         """A path inside the run directory as written in done.json (relative, so a run dir can move)."""

@@ -35,6 +35,7 @@ from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.models.tiny import resolve_model
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import Policy, SamplingParams
+from turnforge.scale.processes import main_process_result
 from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
 from turnforge.stages.context import MODELS_DIR, RunContext
 from turnforge.stages.registry import register_stage
@@ -97,11 +98,9 @@ def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext
     )
 
     start = ctx.model(ctx.recipe.model_source(index))
-    counts = MiningCounts()
-    pairs = stage_pairs(stage, index, ctx, counts)
     pairs_path = stage_dir / PAIRS_FILE
-    tmp = save_pairs(pairs, stage_dir / (PAIRS_FILE + ".tmp.jsonl"))
-    os.replace(tmp, pairs_path)  # a kill mid-write leaves no half file that a rerun would take as whole
+    # Mining on the main process (under `accelerate launch`), the training on every one.
+    pairs, counts = main_process_result(lambda: _mine_and_save(stage, index, ctx, pairs_path))
     if not pairs:
         raise ValueError(
             f"stage {stage.id}: no DPO pairs: {counts.episodes} episodes replayed, {counts.defective_turns} defective "
@@ -125,6 +124,14 @@ def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext
         },
         **trained_model(stage_dir, ctx),
     }
+
+
+def _mine_and_save(stage: _DPOStage, index: int, ctx: RunContext, pairs_path: Path) -> tuple[list[Pair], MiningCounts]:
+    counts = MiningCounts()
+    pairs = stage_pairs(stage, index, ctx, counts)
+    tmp = save_pairs(pairs, pairs_path.with_name(PAIRS_FILE + ".tmp.jsonl"))
+    os.replace(tmp, pairs_path)  # a kill mid-write leaves no half file that a rerun would take as whole
+    return pairs, counts
 
 
 def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:

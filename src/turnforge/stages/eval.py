@@ -45,7 +45,9 @@ def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContex
 
 
 def run_rollouts(stage: RolloutStage, index: int, out: Path, ctx: RunContext) -> dict[str, Any]:
-    """Episodes of `stage.policy` on `stage.split` into `out` (resumable); returns the eval summary."""
+    """Episodes of `stage.policy` on `stage.split` into `out` (resumable); returns the eval summary.
+
+    With the recipe's `[scale] ray` set they run on Ray workers (collect, eval and rft's sampling alike)."""
     model_path, model_options = None, {}
     if stage.policy == "hf":  # scripted policies take no model and no sampling settings
         model = ctx.model(ctx.recipe.model_source(index))
@@ -70,6 +72,7 @@ def run_rollouts(stage: RolloutStage, index: int, out: Path, ctx: RunContext) ->
         out_dir=out,
         model=model_path,
         limits=RolloutLimits(max_turns=stage.max_turns, max_open=stage.batch_size),
+        scale=ctx.recipe.scale,
         **model_options,
     )
 

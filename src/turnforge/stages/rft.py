@@ -20,6 +20,7 @@ from pydantic import Field, model_validator
 
 from turnforge.data.rft import select_rft
 from turnforge.eval.runner import EPISODES_FILE, read_episodes
+from turnforge.scale.processes import main_process_result
 from turnforge.stages.config import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
 from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts
@@ -77,19 +78,17 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
     start = ctx.model(ctx.recipe.model_source(index))
     if start.adapter is not None:
         raise ValueError(f"stage {stage.id}: its model is an unmerged LoRA adapter; set merge = true where it was trained")
-    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx)
-    episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
-    kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress)
-    if not kept:  # nothing to learn from: the model goes on unchanged, and the run says so
+    # Sampling and selection on the main process (under `accelerate launch`), the fine-tuning on every one.
+    sampled, n_episodes, n_kept, report = main_process_result(lambda: _sample_and_keep(stage, index, stage_dir, ctx))
+    if not n_kept:  # nothing to learn from: the model goes on unchanged, and the run says so
         logger.warning(
             "stage %s: no episode to keep out of %d (success rate %.3f); the model is passed on untrained. "
             "Sample more (samples, tasks), set keep = \"best\", or train the model longer first",
-            stage.id, len(episodes), sampled["success"],
+            stage.id, n_episodes, sampled["success"],
         )
         return {"model": start.path, "adapter": False, "steps": 0, "sample_success": sampled["success"],
                 "yield": report, "note": "no episode kept: model unchanged"}
     kept_path = stage_dir / KEPT_FILE
-    kept_path.write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
     extra = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
     result = run_sft(start.path, [str(kept_path), *extra], stage_dir, stage.settings())
     return {
@@ -98,6 +97,16 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
         "sample_success": sampled["success"],
         "yield": report,
     }
+
+
+def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> tuple:
+    """Sample the episodes (resumable), keep the good ones in kept.jsonl: (summary, sampled, kept, yield report)."""
+    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx)
+    episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
+    kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress)
+    if kept:
+        (stage_dir / KEPT_FILE).write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
+    return sampled, len(episodes), len(kept), report
 
 
 register_stage(RFTStageConfig, run_rft_stage)

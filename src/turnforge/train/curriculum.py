@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from turnforge.scale.processes import is_main_process, wait_for_everyone
 from turnforge.train.grpo import run_grpo
 from turnforge.train.settings import METRICS_FILE, MODEL_DIR, GRPOSettings
 from turnforge.types import Task
@@ -39,7 +40,9 @@ def run_curriculum(model: str, adapter: str | None, env: str, phases: list[Phase
     """Train `model` (+ `adapter`) through `phases` in order, in env `env`; returns one result per phase."""
     out_dir = Path(out_dir)
     combined = out_dir / METRICS_FILE
-    combined.unlink(missing_ok=True)
+    writes = is_main_process()  # under `accelerate launch` every process trains, the main one writes
+    if writes:
+        combined.unlink(missing_ok=True)
     results, offset = [], 0
     for k, phase in enumerate(phases):
         phase_dir = out_dir / f"{k + 1:02d}-{phase.name}"
@@ -49,12 +52,15 @@ def run_curriculum(model: str, adapter: str | None, env: str, phases: list[Phase
             results.append({**head, **result})
         else:
             results.append({**head, "resumed": True})
-        offset = append_metrics(phase_dir / METRICS_FILE, combined, offset, phase.name)
+        if writes:
+            offset = append_metrics(phase_dir / METRICS_FILE, combined, offset, phase.name)
         model, adapter = str(phase_dir / MODEL_DIR), None
-    final = out_dir / MODEL_DIR
-    if final.exists():
-        shutil.rmtree(final)
-    shutil.copytree(model, final)
+    if writes:
+        final = out_dir / MODEL_DIR
+        if final.exists():
+            shutil.rmtree(final)
+        shutil.copytree(model, final)
+    wait_for_everyone()
     return results
 
 

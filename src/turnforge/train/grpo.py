@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
@@ -271,16 +272,25 @@ class EpisodeRollouts:
     def _log(self, episodes, groups, replaced: int, left: int, wall_s: float) -> None:
         if self.log_path is None:
             return
+        # Under `accelerate launch` each process played its shard of the batch (TRL splits the prompts): the
+        # main process logs them all, gathered.
+        mine = [(t.score.success, t.score.progress, self._total(t), len(t.turns)) for t in episodes]
+        counts = [(len(groups), left, replaced)]
+        if self.trainer.accelerator.num_processes > 1:
+            mine, counts = gather_object(mine), gather_object(counts)
+        if not self.trainer.accelerator.is_main_process:
+            return
+        n = max(1, len(mine))
         line = {
             "batch": self.calls,
-            "episodes": len(episodes),
-            "success": sum(t.score.success for t in episodes) / max(1, len(episodes)),
-            "progress": sum(t.score.progress for t in episodes) / max(1, len(episodes)),
-            "reward": sum(self._total(t) for t in episodes) / max(1, len(episodes)),
-            "turns": sum(len(t.turns) for t in episodes) / max(1, len(episodes)),
-            "groups": len(groups),
-            "zero_variance_groups": left,
-            "replaced_groups": replaced,
+            "episodes": len(mine),
+            "success": sum(e[0] for e in mine) / n,
+            "progress": sum(e[1] for e in mine) / n,
+            "reward": sum(e[2] for e in mine) / n,
+            "turns": sum(e[3] for e in mine) / n,
+            "groups": sum(c[0] for c in counts),
+            "zero_variance_groups": sum(c[1] for c in counts),
+            "replaced_groups": sum(c[2] for c in counts),
             "wall_s": round(wall_s, 3),
         }
         with self.log_path.open("a", encoding="utf-8") as f:

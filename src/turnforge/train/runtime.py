@@ -20,6 +20,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig
 
 from turnforge.models import LoraSpec, merge_and_save
+from turnforge.scale.processes import is_main_process, wait_for_everyone
 from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 
 logger = logging.getLogger(__name__)
@@ -83,10 +84,12 @@ def resume_point(out_dir: Path, also_reset: tuple[str, ...] = ()) -> str | None:
     """The last checkpoint of an interrupted run, keeping metrics.jsonl consistent with it (else starting it anew).
 
     Without a checkpoint, metrics.jsonl and the files named in `also_reset` (e.g. GRPO's rollouts.jsonl) are
-    removed: the run starts from step 0 again."""
+    removed: the run starts from step 0 again. Under `accelerate launch` the main process edits the files."""
     checkpoints = out_dir / CHECKPOINT_DIR
     last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
     metrics = out_dir / METRICS_FILE
+    if not is_main_process():
+        return last
     if last is None:
         for name in (METRICS_FILE, *also_reset):
             (out_dir / name).unlink(missing_ok=True)
@@ -111,8 +114,11 @@ def _line_step(line: str) -> int | None:
 def save_trained(trainer: Any, tokenizer: Any, out_dir: Path, lora: LoraSpec | None, merge: bool) -> Path:
     """Write `out_dir/model`: the LoRA adapter alone (`merge = false`), else the merged (or fully trained) model."""
     model_dir = out_dir / MODEL_DIR
-    if lora is not None and not merge:
+    # FSDP and DeepSpeed ZeRO shard the weights: TRL's save_model gathers them (every process takes part).
+    sharded = getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer, "is_deepspeed_enabled", False)
+    if (lora is not None and not merge) or (lora is None and sharded):
         trainer.save_model(str(model_dir))  # the adapter (adapter_config.json + weights) and the tokenizer
     elif trainer.is_world_process_zero():  # under `accelerate launch`, one process writes
         merge_and_save(trainer.model, tokenizer, model_dir)
+    wait_for_everyone()  # no process reads the model (the next stage, phase) before it is written
     return model_dir
