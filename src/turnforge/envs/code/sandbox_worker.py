@@ -1,15 +1,17 @@
 """One sandbox worker: a pre-started Python process that runs each request in a fresh forked child.
 
-Started by `sandbox.SandboxPool` as `python -m turnforge.envs.code.sandbox_worker CONFIG_JSON`, under
+Started by `sandbox.SandboxPool` as `python .../sandbox_worker.py CONFIG_JSON` (a file of the standard library's
+imports only: its memory is what every call's fork copies), under
 `unshare --net --mount` when the host allows it (see docs/security.md). It reads one JSON request per line
 on stdin and writes one JSON result per line on stdout. The worker itself never runs the submitted code:
 
 1. it clears its private /tmp (a tmpfs of its own mount namespace) and makes the run's directory there,
    owned by the worker's slot uid, mode 0700;
 2. it forks; the child starts a new session, takes the limits (RLIMIT_AS, RLIMIT_CPU, RLIMIT_NPROC,
-   RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0), drops to the slot uid (no groups, no capabilities), clears
-   the environment, and `exec`s the code as `__main__` — a copy-on-write copy of a clean interpreter, so a
-   call costs a fork, not an interpreter start, and nothing from one call reaches the next;
+   RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0), drops to the slot uid (no groups, no capabilities), and
+   `exec`s the code as `__main__` with the worker's environment (cleared to SAFE_ENV at start) — a
+   copy-on-write copy of a clean interpreter, so a call costs a fork, not an interpreter start, and nothing
+   from one call reaches the next;
 3. the worker reads the child's stdout/stderr pipes (keeping the first `max_output_bytes` of each,
    draining and dropping the rest), and waits for the child's exit or the wall-clock deadline;
 4. then it kills every process of the slot uid (background processes, setsid escapes, fork bombs: a
@@ -144,8 +146,6 @@ def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg
         os.chdir(workdir)
         _set_limits(cfg)
         _become_sandbox_user(cfg["uid"])
-        os.environ.clear()
-        os.environ.update(SAFE_ENV, HOME=workdir, TMPDIR=workdir)
         if cfg["block_network"]:
             _block_sockets()
         # The program's own streams for the rest of the child's life (closed by os._exit).
@@ -194,17 +194,16 @@ def _kill_uid(uid: int | None, pgid: int) -> None:
     """Kill everything the run started: all processes of the slot uid (or its process group without one).
 
     A helper that becomes the slot uid calls kill(-1, SIGKILL): every process of that uid, wherever it went
-    (setsid, double fork). kill(-1) cannot say when none is left (it succeeds while any process exists), so
-    rounds of kill + reap (orphans come to this worker, the child subreaper) go on while /proc still lists a
-    process of the uid.
+    (setsid, double fork). Every process of the uid descends from this worker (only root can become the uid,
+    and the worker is the child subreaper: orphans come back to it), so "no child left" means "none of the
+    uid left" — rounds of kill + reap go on until then (kill(-1) cannot say it, it succeeds while any exists).
     """
     if uid is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         return
     for _ in range(200):
-        _reap()
-        if not _processes_of(uid):
+        if not _reap():
             return
         helper = os.fork()
         if helper == 0:
@@ -219,27 +218,15 @@ def _kill_uid(uid: int | None, pgid: int) -> None:
         time.sleep(0.002)
 
 
-def _processes_of(uid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
-def _reap() -> None:
-    """Collect dead children and the orphans that came to this worker (a child subreaper)."""
+def _reap() -> bool:
+    """Collect dead children and the orphans that came to this worker; True while any child is still alive."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return False
         if pid == 0:
-            return
+            return True
 
 
 def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
@@ -367,6 +354,12 @@ def serve(cfg: dict) -> None:
     with contextlib.suppress(OSError, AttributeError):
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
     os.chdir("/")
+    # What every child inherits, set once here: only SAFE_ENV and the run's directory as HOME and TMPDIR.
+    workdir = os.path.join(cfg["run_root"], "run")
+    os.environ.clear()
+    os.environ.update(SAFE_ENV, HOME=workdir, TMPDIR=workdir)
+    # The first compile() in a process costs ~1.2 ms (the parser's lazy set-up): paid here once, not per call.
+    compile("print(sum(range(3)))", "warm-up", "exec")
     out = sys.stdout
     hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
     print(json.dumps(hello), file=out, flush=True)
