@@ -35,6 +35,7 @@ import traceback
 
 PR_SET_CHILD_SUBREAPER = 36
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable dirs
+STDIN_FILE = ".stdin"  # the call's stdin, in its working directory until the child opens it
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 
 
@@ -110,17 +111,19 @@ def _read_only_elsewhere() -> list[str]:
     return failed
 
 
-def _set_limits(cfg: dict) -> None:
+def _limits(cfg: dict) -> list[tuple[int, tuple[int, int]]]:
+    """The rlimits of every call but its CPU time (set once the call's timeout is known), computed once."""
     mem = cfg["memory_bytes"]
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    cpu = max(1, int(cfg["cpu_s"] + 0.999))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL one second later
-    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_bytes"], cfg["file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (cfg["open_files"], cfg["open_files"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    limits = [
+        (resource.RLIMIT_AS, (mem, mem)),
+        (resource.RLIMIT_FSIZE, (cfg["file_bytes"], cfg["file_bytes"])),
+        (resource.RLIMIT_NOFILE, (cfg["open_files"], cfg["open_files"])),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
     if cfg["uid"] is not None:
         # Counted per uid: the slot uid belongs to this worker alone, so the limit is this run's.
-        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["processes"], cfg["processes"]))
+        limits.append((resource.RLIMIT_NPROC, (cfg["processes"], cfg["processes"])))
+    return limits
 
 
 def _become_sandbox_user(uid: int | None) -> None:
@@ -131,30 +134,42 @@ def _become_sandbox_user(uid: int | None) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg: dict) -> None:
-    """In the forked child: limits, identity, then run `code` as __main__. Never returns."""
+def _child(ctl_r: int, out_w: int, err_w: int, cfg: dict) -> None:
+    """In the child forked ahead of its call: limits and identity, then wait for the call and run its code
+    (main.py of the working directory) as __main__. Never returns.
+
+    Every Python object the child touches costs a copy-on-write page fault, so it does as little as it can:
+    sys.stdin/stdout/stderr are the worker's own (made for the children and never used by the worker, see
+    `_child_streams`), and only the descriptors under them change here.
+    """
     status = 1
     try:
         os.setsid()
-        stdin_fd = os.open(stdin_path, os.O_RDONLY)
-        os.unlink(stdin_path)
-        os.dup2(stdin_fd, 0)
+        os.dup2(ctl_r, 0)  # the worker's order, until the call's stdin replaces it
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.closerange(3, 65536)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.chdir(workdir)
-        _set_limits(cfg)
+        # SIGPIPE stays ignored, as Python sets it at start-up (and subprocess resets it for what it execs).
+        os.chdir(cfg["workdir"])
+        for limit, value in cfg["limits"]:
+            resource.setrlimit(limit, value)
         _become_sandbox_user(cfg["uid"])
         if cfg["block_network"]:
             _block_sockets()
-        # The program's own streams for the rest of the child's life (closed by os._exit).
-        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        # Line-buffered: what a program printed before it ran into a limit (and was killed) is not lost.
-        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
-        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        sys.argv = ["main.py"]
-        sys.path[0] = workdir
+        order = _read_to_eof(0)  # the call's CPU seconds, once main.py and .stdin are written
+        if not order:
+            status = 0
+            return  # the worker went away (or closes) without a call
+        cpu = int(order)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL 1 s later
+        stdin_fd = os.open(STDIN_FILE, os.O_RDONLY)
+        os.unlink(STDIN_FILE)
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
+        main_fd = os.open("main.py", os.O_RDONLY)
+        code = _read_to_eof(main_fd).decode("utf-8", "surrogatepass")
+        os.close(main_fd)
+        sys.path[0] = cfg["workdir"]
         namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
         try:
             exec(compile(code, "main.py", "exec"), namespace)
@@ -172,6 +187,27 @@ def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg
         _flush()
     finally:
         os._exit(status & 0xFF if isinstance(status, int) else 1)
+
+
+def _child_streams() -> tuple:
+    """Set sys.stdin/stdout/stderr up for the children (on fds 0-2, which each child points at its call's
+    stdin file and output pipes) and return the worker's own request reader and reply writer (copies of
+    fds 0 and 1). The worker never reads or writes the sys streams, so every child gets them empty."""
+    requests = open(os.dup(0), "rb")  # noqa: SIM115
+    replies = open(os.dup(1), "w", encoding="utf-8")  # noqa: SIM115
+    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    # Line-buffered: what a program printed before it ran into a limit (and was killed) is not lost.
+    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.argv = ["main.py"]
+    return requests, replies
+
+
+def _read_to_eof(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
 
 
 def _flush() -> None:
@@ -242,54 +278,103 @@ def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
     return False, len(chunk) > room
 
 
-def run_one(request: dict, cfg: dict) -> dict:
-    """Run one request's code in a fresh child; always returns a result."""
+class _Ready:
+    """A child forked ahead of its call, waiting on `ctl` for the order to run (no dataclasses: its import
+    would grow the worker that every call's fork copies)."""
+
+    def __init__(self, pid: int, ctl: int, out_r: int, err_r: int) -> None:
+        self.pid, self.ctl, self.out_r, self.err_r = pid, ctl, out_r, err_r
+        self.pidfd = os.pidfd_open(pid)
+        self.status: int | None = None  # set once reaped
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # by pidfd: never another process
+
+    def reap(self) -> int:
+        if self.status is None:
+            self.status = os.waitpid(self.pid, 0)[1]
+        return self.status
+
+    def discard(self) -> None:
+        """Kill and reap it (wherever it is: waiting, running, gone) and close our ends of its pipes."""
+        self.kill()
+        self.reap()
+        for fd in (self.ctl, self.out_r, self.err_r, self.pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def prepare(cfg: dict) -> _Ready:
+    """Off the request path (after the previous reply): a fresh working directory and the next call's child.
+
+    The child takes its limits and the slot uid and then blocks until `run_one` orders it to run; nothing
+    of the uid runs but it (the previous call's processes are all dead), and it runs no submitted code yet.
+    """
     _clear_private_dirs(cfg)
-    workdir = os.path.join(cfg["run_root"], "run")
-    os.makedirs(workdir, mode=0o700)
-    with open(os.path.join(workdir, "main.py"), "w") as f:
-        f.write(request["code"])
-    stdin_path = os.path.join(workdir, ".stdin")
-    with open(stdin_path, "w") as f:
-        f.write(request.get("stdin") or "")
+    os.makedirs(cfg["workdir"], mode=0o700)
     if cfg["uid"] is not None:
-        for path in (workdir, os.path.join(workdir, "main.py"), stdin_path):
-            os.chown(path, cfg["uid"], cfg["uid"])
-    timeout = float(request.get("timeout") or cfg["timeout_s"])
-    run_cfg = {**cfg, "cpu_s": min(cfg["cpu_s"], timeout)}
+        os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
+    ctl_r, ctl_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        os.close(out_r)
-        os.close(err_r)
-        _child(request["code"], workdir, stdin_path, out_w, err_w, run_cfg)
-    os.close(out_w)
-    os.close(err_w)
-    result = _watch(pid, out_r, err_r, start + timeout, cfg)
-    result["wall_s"] = round(time.monotonic() - start, 4)
-    _clear_private_dirs(cfg)
-    return result
+        _child(ctl_r, out_w, err_w, cfg)
+    for fd in (ctl_r, out_w, err_w):
+        os.close(fd)
+    return _Ready(pid, ctl_w, out_r, err_r)
 
 
-def _watch(pid: int, out_r: int, err_r: int, deadline: float, cfg: dict) -> dict:
+def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
+    """Run one request's code in the prepared child; always returns a result (the child is gone after)."""
+    try:
+        _write_file(os.path.join(cfg["workdir"], "main.py"), request["code"].encode("utf-8", "surrogatepass"), cfg)
+        _write_file(os.path.join(cfg["workdir"], STDIN_FILE), (request.get("stdin") or "").encode("utf-8", "replace"), cfg)
+        timeout = float(request.get("timeout") or cfg["timeout_s"])
+        cpu = max(1, int(min(cfg["cpu_s"], timeout) + 0.999))  # whole seconds: RLIMIT_CPU's unit
+        start = time.monotonic()
+        os.write(ready.ctl, str(cpu).encode())
+        os.close(ready.ctl)  # EOF: the child starts
+        result = _watch(ready, start + timeout, cfg)
+        result["wall_s"] = round(time.monotonic() - start, 4)
+        return result
+    finally:  # whatever failed above: the child and everything of the uid are gone before the reply
+        ready.discard()
+        _kill_uid(cfg["uid"], ready.pid)
+
+
+def _write_file(path: str, data: bytes, cfg: dict) -> None:
+    """A file of the call's, owned by its uid (raw os calls: each Python object the worker touches after a
+    fork costs it a page fault)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if cfg["uid"] is not None:
+            os.fchown(fd, cfg["uid"], cfg["uid"])
+    finally:
+        os.close(fd)
+
+
+def _watch(ready: _Ready, deadline: float, cfg: dict) -> dict:
     """Collect output until the child exits or the deadline; then kill what is left and reap."""
+    pidfd, out_r, err_r = ready.pidfd, ready.out_r, ready.err_r
     cap = cfg["max_output_bytes"]
     out, err = bytearray(), bytearray()
     truncated = timed_out = False
     open_fds = {out_r: out, err_r: err}
     for fd in open_fds:
         os.set_blocking(fd, False)
-    pidfd = os.pidfd_open(pid)
     exited = False
     while not exited:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
             break
-        ready, _, _ = select.select([pidfd, *open_fds], [], [], left)
-        for fd in ready:
+        readable, _, _ = select.select([pidfd, *open_fds], [], [], left)
+        for fd in readable:
             if fd == pidfd:
                 exited = True
             else:
@@ -298,21 +383,18 @@ def _watch(pid: int, out_r: int, err_r: int, deadline: float, cfg: dict) -> dict
                 if eof:
                     del open_fds[fd]
     if not exited:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    _kill_uid(cfg["uid"], pid)  # background processes and escapes die with the run
+        ready.kill()
+    status = ready.reap()
+    _kill_uid(cfg["uid"], ready.pid)  # background processes and escapes die with the run
     _reap()
     drain_until = time.monotonic() + 0.5  # every writer is dead: the rest is in the pipe buffers
     while open_fds and time.monotonic() < drain_until:
-        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
-        for fd in ready:
+        readable, _, _ = select.select(list(open_fds), [], [], 0.05)
+        for fd in readable:
             eof, dropped = _read_some(fd, open_fds[fd], cap)
             truncated |= dropped
             if eof:
                 del open_fds[fd]
-    for fd in (out_r, err_r, pidfd):
-        os.close(fd)
     signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     if signum == signal.SIGXCPU:
         timed_out = True  # the CPU-time limit
@@ -327,12 +409,13 @@ def _watch(pid: int, out_r: int, err_r: int, deadline: float, cfg: dict) -> dict
 
 
 def _clear_private_dirs(cfg: dict) -> None:
+    with contextlib.suppress(OSError):  # the usual leftovers, without rmtree's walk
+        os.unlink(os.path.join(cfg["workdir"], "main.py"))
+        os.rmdir(cfg["workdir"])
     if not cfg["private_tmp"]:
-        shutil.rmtree(os.path.join(cfg["run_root"], "run"), ignore_errors=True)
+        shutil.rmtree(cfg["workdir"], ignore_errors=True)
         return
-    for base in PRIVATE_DIRS:
-        if not os.path.isdir(base):
-            continue
+    for base in cfg["private_dirs"]:
         for name in os.listdir(base):
             path = os.path.join(base, name)
             if os.path.isdir(path) and not os.path.islink(path):
@@ -355,22 +438,32 @@ def serve(cfg: dict) -> None:
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
     os.chdir("/")
     # What every child inherits, set once here: only SAFE_ENV and the run's directory as HOME and TMPDIR.
-    workdir = os.path.join(cfg["run_root"], "run")
+    cfg["workdir"] = os.path.join(cfg["run_root"], "run")
+    cfg["limits"] = _limits(cfg)
+    cfg["private_dirs"] = [path for path in PRIVATE_DIRS if os.path.isdir(path)]
     os.environ.clear()
-    os.environ.update(SAFE_ENV, HOME=workdir, TMPDIR=workdir)
+    os.environ.update(SAFE_ENV, HOME=cfg["workdir"], TMPDIR=cfg["workdir"])
     # The first compile() in a process costs ~1.2 ms (the parser's lazy set-up): paid here once, not per call.
     compile("print(sum(range(3)))", "warm-up", "exec")
-    out = sys.stdout
+    requests, out = _child_streams()
+    ready = prepare(cfg)
     hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
     print(json.dumps(hello), file=out, flush=True)
-    for line in sys.stdin:
+    for line in requests:
         request = json.loads(line)
         try:
-            result = run_one(request, cfg)
+            ready = ready or prepare(cfg)  # (a preparation that failed after the last reply is retried here)
+            result = run_one(request, ready, cfg)
         except Exception as e:  # the worker's own failure, reported as the call's error
             result = {"stdout": "", "stderr": f"sandbox error: {type(e).__name__}: {e}", "exit_code": -1,
                       "timed_out": False, "killed": False, "truncated": False, "wall_s": 0.0}
+        ready = None
         print(json.dumps(result), file=out, flush=True)
+        # The next call's directory and child, while the caller reads this reply.
+        with contextlib.suppress(Exception):
+            ready = prepare(cfg)
+    if ready:
+        ready.discard()
 
 
 if __name__ == "__main__":
