@@ -318,7 +318,7 @@ def prepare(cfg: dict) -> _Ready:
     of the uid runs but it (the previous call's processes are all dead), and it runs no submitted code yet.
     """
     _clear_private_dirs(cfg)
-    os.makedirs(cfg["workdir"], mode=0o700)
+    os.mkdir(cfg["workdir"], mode=0o700)
     if cfg["uid"] is not None:
         os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
     ctl_r, ctl_w = os.pipe()
