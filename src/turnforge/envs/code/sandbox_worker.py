@@ -30,6 +30,7 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -285,21 +286,29 @@ def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
 
 
 class _Ready:
-    """A child forked ahead of its call, waiting on `ctl` for the order to run (no dataclasses: its import
-    would grow the worker that every call's fork copies)."""
+    """A child forked ahead of its call by the forker, waiting on `ctl` for the order to run (no dataclasses:
+    its import would grow the process every call's fork copies)."""
 
-    def __init__(self, pid: int, ctl: int, out_r: int, err_r: int) -> None:
-        self.pid, self.ctl, self.out_r, self.err_r = pid, ctl, out_r, err_r
-        self.pidfd = os.pidfd_open(pid)
-        self.status: int | None = None  # set once reaped
+    def __init__(self, forker: socket.socket) -> None:
+        self.forker = forker
+        forker.send(b"n")
+        _, fds, _, _ = socket.recv_fds(forker, 16, 4)
+        if len(fds) != 4:
+            _forker_gone()
+        self.pidfd, self.ctl, self.out_r, self.err_r = fds
+        self.status: int | None = None  # its wait status, once the forker has reaped it and all of the uid
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # by pidfd: never another process
 
     def reap(self) -> int:
+        """Its wait status, from the forker once the child and every other process of the uid are gone."""
         if self.status is None:
-            self.status = os.waitpid(self.pid, 0)[1]
+            data = self.forker.recv(32)
+            if not data:
+                _forker_gone()
+            self.status = int(data)
         return self.status
 
     def discard(self) -> None:
@@ -309,6 +318,46 @@ class _Ready:
         for fd in (self.ctl, self.out_r, self.err_r, self.pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _forker_gone() -> None:
+    """The forker died (only root can kill it): this worker cannot go on; the pool replaces a dead worker."""
+    os._exit(70)
+
+
+def _forker(sock: socket.socket, cfg: dict) -> None:
+    """The process every call's child is forked from, forked once from the worker when it is set up. Never
+    returns.
+
+    After a fork, every page of the forking process is shared copy-on-write, so each page it then writes
+    costs it a page fault (~2 us here): the worker's own bookkeeping between two calls cost ~130 faults. The
+    forker does next to nothing between forks; it is the parent of each call's child and the child subreaper
+    of what the child leaves, so it reaps them and kills every process of the uid before it reports the
+    child's wait status. Per call: "n" from the worker -> the child's pidfd, order pipe and output pipes;
+    then, once the child and all of the uid are gone, its wait status.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
+    try:
+        while sock.recv(1):
+            ctl_r, ctl_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                _child(ctl_r, out_w, err_w, cfg)
+            pidfd = os.pidfd_open(pid)
+            socket.send_fds(sock, [b"c"], [pidfd, ctl_w, out_r, err_r])
+            for fd in (ctl_r, ctl_w, out_r, out_w, err_r, err_w, pidfd):
+                os.close(fd)
+            status = os.waitpid(pid, 0)[1]
+            _kill_uid(cfg["uid"], pid)  # background processes and escapes die with the run
+            _reap()
+            sock.send(b"%d" % status)
+    finally:  # the worker is gone (a child it prepared read EOF on its order pipe and ends)
+        if cfg["uid"] is not None:
+            _kill_uid(cfg["uid"], 0)
+        os._exit(0)
 
 
 def prepare(cfg: dict) -> _Ready:
@@ -321,15 +370,7 @@ def prepare(cfg: dict) -> _Ready:
     os.mkdir(cfg["workdir"], mode=0o700)
     if cfg["uid"] is not None:
         os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
-    ctl_r, ctl_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _child(ctl_r, out_w, err_w, cfg)
-    for fd in (ctl_r, out_w, err_w):
-        os.close(fd)
-    return _Ready(pid, ctl_w, out_r, err_r)
+    return _Ready(cfg["forker"])
 
 
 def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
@@ -347,7 +388,6 @@ def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
         return result
     finally:  # whatever failed above: the child and everything of the uid are gone before the reply
         ready.discard()
-        _kill_uid(cfg["uid"], ready.pid)
 
 
 def _write_file(path: str, data: bytes, cfg: dict) -> None:
@@ -390,9 +430,7 @@ def _watch(ready: _Ready, deadline: float, cfg: dict) -> dict:
                     del open_fds[fd]
     if not exited:
         ready.kill()
-    status = ready.reap()
-    _kill_uid(cfg["uid"], ready.pid)  # background processes and escapes die with the run
-    _reap()
+    status = ready.reap()  # the forker has killed the rest of the uid by then
     drain_until = time.monotonic() + 0.5  # every writer is dead: the rest is in the pipe buffers
     while open_fds and time.monotonic() < drain_until:
         readable, _, _ = select.select(list(open_fds), [], [], 0.05)
@@ -440,8 +478,6 @@ def serve(cfg: dict) -> None:
             cfg["writable_mounts"] = _read_only_elsewhere()
     # Without a mount namespace of our own, runs live in a scratch dir the pool made for this worker.
     cfg["run_root"] = "/tmp" if cfg["private_tmp"] else cfg["scratch_dir"]
-    with contextlib.suppress(OSError, AttributeError):
-        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
     os.chdir("/")
     # What every child inherits, set once here: only SAFE_ENV and the run's directory as HOME and TMPDIR.
     cfg["workdir"] = os.path.join(cfg["run_root"], "run")
@@ -456,6 +492,14 @@ def serve(cfg: dict) -> None:
         importlib.import_module(name)
     sys.path.insert(0, own_dir)
     requests, out = _child_streams()
+    cfg["forker"], forker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    forker = os.fork()
+    if forker == 0:
+        cfg["forker"].close()
+        requests.close()
+        out.close()
+        _forker(forker_end, cfg)
+    forker_end.close()
     ready = prepare(cfg)
     hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
     print(json.dumps(hello), file=out, flush=True)
@@ -474,6 +518,8 @@ def serve(cfg: dict) -> None:
             ready = prepare(cfg)
     if ready:
         ready.discard()
+    cfg["forker"].close()
+    os.waitpid(forker, 0)
 
 
 if __name__ == "__main__":
