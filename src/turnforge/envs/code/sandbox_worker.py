@@ -405,8 +405,9 @@ def _write_file(path: str, data: bytes, cfg: dict) -> None:
 
 
 def _watch(ready: _Ready, deadline: float, cfg: dict) -> dict:
-    """Collect output until the child exits or the deadline; then kill what is left and reap."""
-    pidfd, out_r, err_r = ready.pidfd, ready.out_r, ready.err_r
+    """Collect output until the child has ended (the forker says so, once all of the uid is gone) or the
+    deadline (then the child is killed); then the rest of the output."""
+    done, out_r, err_r = ready.forker.fileno(), ready.out_r, ready.err_r
     cap = cfg["max_output_bytes"]
     out, err = bytearray(), bytearray()
     truncated = timed_out = False
@@ -419,9 +420,9 @@ def _watch(ready: _Ready, deadline: float, cfg: dict) -> dict:
         if left <= 0:
             timed_out = True
             break
-        readable, _, _ = select.select([pidfd, *open_fds], [], [], left)
+        readable, _, _ = select.select([done, *open_fds], [], [], left)
         for fd in readable:
-            if fd == pidfd:
+            if fd == done:
                 exited = True
             else:
                 eof, dropped = _read_some(fd, open_fds[fd], cap)
