@@ -4,9 +4,10 @@
     result = pool.run("print(2**10)")          # RunResult(stdout='1024\\n', exit_code=0, ...)
     turnforge sandbox run a.py b.py --timeout 5  # the same, one JSON line per file
 
-Each worker (sandbox_worker.py) is a Python process started once; every call runs in a fresh child
-forked from it, so a call costs a fork (milliseconds), not an interpreter start, and nothing of one call
-is visible to the next. What holds where (docs/security.md):
+Each worker (sandbox_worker.py) is a Python process started once; every call runs in a fresh child forked
+from it (from its *forker*, a pristine copy made once), set up ahead of the call, so a call costs about a
+millisecond, not an interpreter start, and nothing of one call is visible to the next. What holds where
+(docs/security.md):
 
 - `namespaces` isolation (root and `unshare` available — the Docker/CI case): each worker lives in its own
   network namespace (no interface but a downed loopback: no connection anywhere, 127.0.0.1 included) and
