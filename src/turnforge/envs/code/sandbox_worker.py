@@ -1,38 +1,50 @@
-"""One sandbox worker: a pre-started Python process that runs each request in a fresh forked child.
+"""One sandbox worker: a pre-started Python process whose calls each run in a fresh forked child.
 
-Started by `sandbox.SandboxPool` as `python -m turnforge.envs.code.sandbox_worker CONFIG_JSON`, under
-`unshare --net --mount` when the host allows it (see docs/security.md). It reads one JSON request per line
-on stdin and writes one JSON result per line on stdout. The worker itself never runs the submitted code:
+Started by `sandbox.SandboxPool` as `python .../sandbox_worker.py CONFIG_JSON` (a file of the standard library's
+imports only: its memory is what every call's fork copies), under `unshare --net --mount` when the host
+allows it (see docs/security.md). It reads one JSON request per line on stdin and writes one JSON result per
+line on stdout. Once set up (mounts, environment cleared to SAFE_ENV, sys streams for the children, PRELOAD
+imported, the parser warmed) it forks a *forker* (`_forker`): the pristine process every call's child is
+forked from. Neither the worker nor the forker ever runs submitted code. Per call:
 
-1. it clears its private /tmp (a tmpfs of its own mount namespace) and makes the run's directory there,
-   owned by the worker's slot uid, mode 0700;
-2. it forks; the child starts a new session, takes the limits (RLIMIT_AS, RLIMIT_CPU, RLIMIT_NPROC,
-   RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0), drops to the slot uid (no groups, no capabilities), clears
-   the environment, and `exec`s the code as `__main__` — a copy-on-write copy of a clean interpreter, so a
+1. as soon as the previous call has ended, the forker forks the next child, which starts a new session,
+   takes the limits (RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0), drops to the
+   slot uid (no groups, no capabilities) and waits; after its reply the worker clears its private /tmp (a
+   tmpfs of its own mount namespace) and makes the run's directory there, owned by the slot uid, mode 0700;
+2. on the request the worker writes main.py and the stdin file and sends the child the call's CPU seconds
+   (RLIMIT_CPU); the child runs the code as `__main__` — a copy-on-write copy of a clean interpreter, so a
    call costs a fork, not an interpreter start, and nothing from one call reaches the next;
 3. the worker reads the child's stdout/stderr pipes (keeping the first `max_output_bytes` of each,
-   draining and dropping the rest), and waits for the child's exit or the wall-clock deadline;
-4. then it kills every process of the slot uid (background processes, setsid escapes, fork bombs: a
-   helper that becomes that uid and calls kill(-1, SIGKILL) until none is left), reaps them, and removes
-   everything the run wrote.
+   draining and dropping the rest) until the forker reports the end, or kills the child at the deadline;
+4. the forker, parent of the child and child subreaper of what it leaves, reaps it and kills every process
+   of the slot uid (background processes, setsid escapes, fork bombs: a helper that becomes that uid and
+   calls kill(-1, SIGKILL) until none is left) before it reports the child's wait status.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import resource
 import select
 import shutil
 import signal
+import socket
 import sys
 import time
 import traceback
 
 PR_SET_CHILD_SUBREAPER = 36
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable dirs
+# Imported once by the worker, so a call that imports it gets it for nothing (a child's own `import math`
+# costs 0.5-2 ms here: the path search and dlopen); model-written math code imports it most. Each module the
+# worker holds makes every call's fork a little dearer (heapq, bisect, fractions, string, random, statistics
+# too: +20-50 page faults, +40-100 us a call), so only math (and what the worker needs: json, re, ...).
+PRELOAD = ("math",)
+STDIN_FILE = ".stdin"  # the call's stdin, in its working directory until the child opens it
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 
 
@@ -108,17 +120,19 @@ def _read_only_elsewhere() -> list[str]:
     return failed
 
 
-def _set_limits(cfg: dict) -> None:
+def _limits(cfg: dict) -> list[tuple[int, tuple[int, int]]]:
+    """The rlimits of every call but its CPU time (set once the call's timeout is known), computed once."""
     mem = cfg["memory_bytes"]
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    cpu = max(1, int(cfg["cpu_s"] + 0.999))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL one second later
-    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_bytes"], cfg["file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (cfg["open_files"], cfg["open_files"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    limits = [
+        (resource.RLIMIT_AS, (mem, mem)),
+        (resource.RLIMIT_FSIZE, (cfg["file_bytes"], cfg["file_bytes"])),
+        (resource.RLIMIT_NOFILE, (cfg["open_files"], cfg["open_files"])),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
     if cfg["uid"] is not None:
         # Counted per uid: the slot uid belongs to this worker alone, so the limit is this run's.
-        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["processes"], cfg["processes"]))
+        limits.append((resource.RLIMIT_NPROC, (cfg["processes"], cfg["processes"])))
+    return limits
 
 
 def _become_sandbox_user(uid: int | None) -> None:
@@ -129,32 +143,42 @@ def _become_sandbox_user(uid: int | None) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg: dict) -> None:
-    """In the forked child: limits, identity, then run `code` as __main__. Never returns."""
+def _child(ctl_r: int, out_w: int, err_w: int, cfg: dict) -> None:
+    """In the child forked ahead of its call: limits and identity, then wait for the call and run its code
+    (main.py of the working directory) as __main__. Never returns.
+
+    Every Python object the child touches costs a copy-on-write page fault, so it does as little as it can:
+    sys.stdin/stdout/stderr are the worker's own (made for the children and never used by the worker, see
+    `_child_streams`), and only the descriptors under them change here.
+    """
     status = 1
     try:
         os.setsid()
-        stdin_fd = os.open(stdin_path, os.O_RDONLY)
-        os.unlink(stdin_path)
-        os.dup2(stdin_fd, 0)
+        os.dup2(ctl_r, 0)  # the worker's order, until the call's stdin replaces it
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.closerange(3, 65536)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.chdir(workdir)
-        _set_limits(cfg)
+        # SIGPIPE stays ignored, as Python sets it at start-up (and subprocess resets it for what it execs).
+        for limit, value in cfg["limits"]:
+            resource.setrlimit(limit, value)
         _become_sandbox_user(cfg["uid"])
-        os.environ.clear()
-        os.environ.update(SAFE_ENV, HOME=workdir, TMPDIR=workdir)
         if cfg["block_network"]:
             _block_sockets()
-        # The program's own streams for the rest of the child's life (closed by os._exit).
-        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        # Line-buffered: what a program printed before it ran into a limit (and was killed) is not lost.
-        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
-        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        sys.argv = ["main.py"]
-        sys.path[0] = workdir
+        order = _read_to_eof(0)  # the call's CPU seconds, once main.py and .stdin are written
+        if not order:
+            status = 0
+            return  # the worker went away (or closes) without a call
+        os.chdir(cfg["workdir"])  # made by the worker after this child was forked
+        cpu = int(order)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL 1 s later
+        stdin_fd = os.open(STDIN_FILE, os.O_RDONLY)
+        os.unlink(STDIN_FILE)
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
+        main_fd = os.open("main.py", os.O_RDONLY)
+        code = _read_to_eof(main_fd).decode("utf-8", "surrogatepass")
+        os.close(main_fd)
+        sys.path[0] = cfg["workdir"]
         namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
         try:
             exec(compile(code, "main.py", "exec"), namespace)
@@ -172,6 +196,27 @@ def _child(code: str, workdir: str, stdin_path: str, out_w: int, err_w: int, cfg
         _flush()
     finally:
         os._exit(status & 0xFF if isinstance(status, int) else 1)
+
+
+def _child_streams() -> tuple:
+    """Set sys.stdin/stdout/stderr up for the children (on fds 0-2, which each child points at its call's
+    stdin file and output pipes) and return the worker's own request reader and reply writer (copies of
+    fds 0 and 1). The worker never reads or writes the sys streams, so every child gets them empty."""
+    requests = open(os.dup(0), "rb")  # noqa: SIM115
+    replies = open(os.dup(1), "w", encoding="utf-8")  # noqa: SIM115
+    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    # Line-buffered: what a program printed before it ran into a limit (and was killed) is not lost.
+    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.argv = ["main.py"]
+    return requests, replies
+
+
+def _read_to_eof(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
 
 
 def _flush() -> None:
@@ -194,17 +239,17 @@ def _kill_uid(uid: int | None, pgid: int) -> None:
     """Kill everything the run started: all processes of the slot uid (or its process group without one).
 
     A helper that becomes the slot uid calls kill(-1, SIGKILL): every process of that uid, wherever it went
-    (setsid, double fork). kill(-1) cannot say when none is left (it succeeds while any process exists), so
-    rounds of kill + reap (orphans come to this worker, the child subreaper) go on while /proc still lists a
-    process of the uid.
+    (setsid, double fork). Run by the forker: every process of the uid descends from it (only root can become
+    the uid, and the forker is the child subreaper: orphans come back to it), so "no child left" means "none
+    of the uid left" — rounds of kill + reap go on until then (kill(-1) cannot say it, it succeeds while any
+    exists; a /proc scan for the uid said it at ~0.15 ms a call).
     """
     if uid is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         return
     for _ in range(200):
-        _reap()
-        if not _processes_of(uid):
+        if not _reap():
             return
         helper = os.fork()
         if helper == 0:
@@ -219,27 +264,15 @@ def _kill_uid(uid: int | None, pgid: int) -> None:
         time.sleep(0.002)
 
 
-def _processes_of(uid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
-def _reap() -> None:
-    """Collect dead children and the orphans that came to this worker (a child subreaper)."""
+def _reap() -> bool:
+    """Collect dead children and the orphans that came to this process; True while any child is still alive."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return False
         if pid == 0:
-            return
+            return True
 
 
 def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
@@ -255,55 +288,148 @@ def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
     return False, len(chunk) > room
 
 
-def run_one(request: dict, cfg: dict) -> dict:
-    """Run one request's code in a fresh child; always returns a result."""
+class _Ready:
+    """A child forked ahead of its call by the forker, waiting on `ctl` for the order to run (no dataclasses:
+    its import would grow the process every call's fork copies)."""
+
+    def __init__(self, forker: socket.socket) -> None:
+        self.forker = forker
+        _, fds, _, _ = socket.recv_fds(forker, 16, 4)
+        if len(fds) != 4:
+            _forker_gone()
+        self.pidfd, self.ctl, self.out_r, self.err_r = fds
+        self.status: int | None = None  # its wait status, once the forker has reaped it and all of the uid
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # by pidfd: never another process
+
+    def reap(self) -> int:
+        """Its wait status, from the forker once the child and every other process of the uid are gone."""
+        if self.status is None:
+            data = self.forker.recv(32)
+            if not data:
+                _forker_gone()
+            self.status = int(data)
+        return self.status
+
+    def discard(self) -> None:
+        """Kill and reap it (wherever it is: waiting, running, gone) and close our ends of its pipes."""
+        self.kill()
+        self.reap()
+        for fd in (self.ctl, self.out_r, self.err_r, self.pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _forker_gone() -> None:
+    """The forker died (only root can kill it): this worker cannot go on; the pool replaces a dead worker."""
+    os._exit(70)
+
+
+def _forker(sock: socket.socket, cfg: dict) -> None:
+    """The process every call's child is forked from, forked once from the worker when it is set up. Never
+    returns.
+
+    After a fork, every page of the forking process is shared copy-on-write, so each page it then writes
+    costs it a page fault (~2 us here): the worker's own bookkeeping between two calls cost ~130 faults. The
+    forker does next to nothing between forks; it is the parent of each call's child and the child subreaper
+    of what the child leaves, so it reaps them and kills every process of the uid before it reports the
+    child's wait status. Per call it sends the worker the next child's pidfd, order pipe and output pipes
+    (forked as soon as the previous call has ended: no round trip), then, once the child and all of the uid
+    are gone, its wait status; it ends when the worker does (its sends fail).
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
+    try:
+        while True:
+            ctl_r, ctl_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                _child(ctl_r, out_w, err_w, cfg)
+            pidfd = os.pidfd_open(pid)
+            fds = (ctl_r, ctl_w, out_r, out_w, err_r, err_w, pidfd)
+            try:
+                socket.send_fds(sock, [b"c"], [pidfd, ctl_w, out_r, err_r])
+            finally:  # (a child left without its order pipe reads EOF and ends)
+                for fd in fds:
+                    os.close(fd)
+            status = os.waitpid(pid, 0)[1]
+            _kill_uid(cfg["uid"], pid)  # background processes and escapes die with the run
+            _reap()
+            sock.send(b"%d" % status)
+    finally:  # the worker is gone
+        if cfg["uid"] is not None:
+            _kill_uid(cfg["uid"], 0)
+        os._exit(0)
+
+
+def prepare(cfg: dict) -> _Ready:
+    """Off the request path (after the previous reply): a fresh working directory and the next call's child.
+
+    The child (forked by the forker once the previous call's processes were all dead) takes its limits and
+    the slot uid and then blocks until `run_one` orders it to run; nothing of the uid runs but it, and it
+    runs no submitted code yet.
+    """
     _clear_private_dirs(cfg)
-    workdir = os.path.join(cfg["run_root"], "run")
-    os.makedirs(workdir, mode=0o700)
-    with open(os.path.join(workdir, "main.py"), "w") as f:
-        f.write(request["code"])
-    stdin_path = os.path.join(workdir, ".stdin")
-    with open(stdin_path, "w") as f:
-        f.write(request.get("stdin") or "")
+    os.mkdir(cfg["workdir"], mode=0o700)
     if cfg["uid"] is not None:
-        for path in (workdir, os.path.join(workdir, "main.py"), stdin_path):
-            os.chown(path, cfg["uid"], cfg["uid"])
-    timeout = float(request.get("timeout") or cfg["timeout_s"])
-    run_cfg = {**cfg, "cpu_s": min(cfg["cpu_s"], timeout)}
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        os.close(out_r)
-        os.close(err_r)
-        _child(request["code"], workdir, stdin_path, out_w, err_w, run_cfg)
-    os.close(out_w)
-    os.close(err_w)
-    result = _watch(pid, out_r, err_r, start + timeout, cfg)
-    result["wall_s"] = round(time.monotonic() - start, 4)
-    _clear_private_dirs(cfg)
-    return result
+        os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
+    return _Ready(cfg["forker"])
 
 
-def _watch(pid: int, out_r: int, err_r: int, deadline: float, cfg: dict) -> dict:
-    """Collect output until the child exits or the deadline; then kill what is left and reap."""
+def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
+    """Run one request's code in the prepared child; always returns a result (the child is gone after)."""
+    try:
+        _write_file(os.path.join(cfg["workdir"], "main.py"), request["code"].encode("utf-8", "surrogatepass"), cfg)
+        _write_file(os.path.join(cfg["workdir"], STDIN_FILE), (request.get("stdin") or "").encode("utf-8", "replace"), cfg)
+        timeout = float(request.get("timeout") or cfg["timeout_s"])
+        cpu = max(1, int(min(cfg["cpu_s"], timeout) + 0.999))  # whole seconds: RLIMIT_CPU's unit
+        start = time.monotonic()
+        os.write(ready.ctl, str(cpu).encode())
+        os.close(ready.ctl)  # EOF: the child starts
+        result = _watch(ready, start + timeout, cfg)
+        result["wall_s"] = round(time.monotonic() - start, 4)
+        return result
+    finally:  # whatever failed above: the child and everything of the uid are gone before the reply
+        ready.discard()
+
+
+def _write_file(path: str, data: bytes, cfg: dict) -> None:
+    """A file of the call's, owned by its uid (raw os calls: each Python object the worker touches after a
+    fork costs it a page fault)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if cfg["uid"] is not None:
+            os.fchown(fd, cfg["uid"], cfg["uid"])
+    finally:
+        os.close(fd)
+
+
+def _watch(ready: _Ready, deadline: float, cfg: dict) -> dict:
+    """Collect output until the child has ended (the forker says so, once all of the uid is gone) or the
+    deadline (then the child is killed); then the rest of the output."""
+    done, out_r, err_r = ready.forker.fileno(), ready.out_r, ready.err_r
     cap = cfg["max_output_bytes"]
     out, err = bytearray(), bytearray()
     truncated = timed_out = False
     open_fds = {out_r: out, err_r: err}
     for fd in open_fds:
         os.set_blocking(fd, False)
-    pidfd = os.pidfd_open(pid)
     exited = False
     while not exited:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
             break
-        ready, _, _ = select.select([pidfd, *open_fds], [], [], left)
-        for fd in ready:
-            if fd == pidfd:
+        readable, _, _ = select.select([done, *open_fds], [], [], left)
+        for fd in readable:
+            if fd == done:
                 exited = True
             else:
                 eof, dropped = _read_some(fd, open_fds[fd], cap)
@@ -311,21 +437,16 @@ def _watch(pid: int, out_r: int, err_r: int, deadline: float, cfg: dict) -> dict
                 if eof:
                     del open_fds[fd]
     if not exited:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    _kill_uid(cfg["uid"], pid)  # background processes and escapes die with the run
-    _reap()
+        ready.kill()
+    status = ready.reap()  # the forker has killed the rest of the uid by then
     drain_until = time.monotonic() + 0.5  # every writer is dead: the rest is in the pipe buffers
     while open_fds and time.monotonic() < drain_until:
-        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
-        for fd in ready:
+        readable, _, _ = select.select(list(open_fds), [], [], 0.05)
+        for fd in readable:
             eof, dropped = _read_some(fd, open_fds[fd], cap)
             truncated |= dropped
             if eof:
                 del open_fds[fd]
-    for fd in (out_r, err_r, pidfd):
-        os.close(fd)
     signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     if signum == signal.SIGXCPU:
         timed_out = True  # the CPU-time limit
@@ -340,12 +461,13 @@ def _watch(pid: int, out_r: int, err_r: int, deadline: float, cfg: dict) -> dict
 
 
 def _clear_private_dirs(cfg: dict) -> None:
+    with contextlib.suppress(OSError):  # the usual leftovers, without rmtree's walk
+        os.unlink(os.path.join(cfg["workdir"], "main.py"))
+        os.rmdir(cfg["workdir"])
     if not cfg["private_tmp"]:
-        shutil.rmtree(os.path.join(cfg["run_root"], "run"), ignore_errors=True)
+        shutil.rmtree(cfg["workdir"], ignore_errors=True)
         return
-    for base in PRIVATE_DIRS:
-        if not os.path.isdir(base):
-            continue
+    for base in cfg["private_dirs"]:
         for name in os.listdir(base):
             path = os.path.join(base, name)
             if os.path.isdir(path) and not os.path.islink(path):
@@ -364,20 +486,48 @@ def serve(cfg: dict) -> None:
             cfg["writable_mounts"] = _read_only_elsewhere()
     # Without a mount namespace of our own, runs live in a scratch dir the pool made for this worker.
     cfg["run_root"] = "/tmp" if cfg["private_tmp"] else cfg["scratch_dir"]
-    with contextlib.suppress(OSError, AttributeError):
-        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
     os.chdir("/")
-    out = sys.stdout
+    # What every child inherits, set once here: only SAFE_ENV and the run's directory as HOME and TMPDIR.
+    cfg["workdir"] = os.path.join(cfg["run_root"], "run")
+    cfg["limits"] = _limits(cfg)
+    cfg["private_dirs"] = [path for path in PRIVATE_DIRS if os.path.isdir(path)]
+    os.environ.clear()
+    os.environ.update(SAFE_ENV, HOME=cfg["workdir"], TMPDIR=cfg["workdir"])
+    # The first compile() in a process costs ~1.2 ms (the parser's lazy set-up): paid here once, not per call.
+    compile("print(sum(range(3)))", "warm-up", "exec")
+    own_dir = sys.path.pop(0)  # (this file's directory: none of its modules may stand in for a standard one)
+    for name in PRELOAD:
+        importlib.import_module(name)
+    sys.path.insert(0, own_dir)
+    requests, out = _child_streams()
+    cfg["forker"], forker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    forker = os.fork()
+    if forker == 0:
+        cfg["forker"].close()
+        requests.close()
+        out.close()
+        _forker(forker_end, cfg)
+    forker_end.close()
+    ready = prepare(cfg)
     hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
     print(json.dumps(hello), file=out, flush=True)
-    for line in sys.stdin:
+    for line in requests:
         request = json.loads(line)
         try:
-            result = run_one(request, cfg)
+            ready = ready or prepare(cfg)  # (a preparation that failed after the last reply is retried here)
+            result = run_one(request, ready, cfg)
         except Exception as e:  # the worker's own failure, reported as the call's error
             result = {"stdout": "", "stderr": f"sandbox error: {type(e).__name__}: {e}", "exit_code": -1,
                       "timed_out": False, "killed": False, "truncated": False, "wall_s": 0.0}
+        ready = None
         print(json.dumps(result), file=out, flush=True)
+        # The next call's directory and child, while the caller reads this reply.
+        with contextlib.suppress(Exception):
+            ready = prepare(cfg)
+    if ready:
+        ready.discard()
+    cfg["forker"].close()
+    os.waitpid(forker, 0)
 
 
 if __name__ == "__main__":
