@@ -86,7 +86,8 @@ class RunFiles:
         for stage_id, stage in reversed(self.summary["stages"].items()):
             result = stage["result"]
             model = result.get("model")
-            if stage["kind"] in TRAINING_KINDS and model and self.path(model).parent == self.path(stage["dir"]):
+            # a stage that kept the model it started from (RFT with nothing kept) names a model outside its folder
+            if stage["kind"] in TRAINING_KINDS and model and self.path(model).is_relative_to(self.path(stage["dir"])):
                 return stage_id, self.path(model), bool(result.get("adapter"))
         return None
 
