@@ -345,10 +345,13 @@ def view(
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer that decodes loss masks (default: the run's model).")] = None,
 ) -> None:
     """Browse every stage's episodes turn by turn in a local web page (filters, loss masks)."""
+    import threading
+
     from turnforge.viewer.server import Viewer, make_server
 
     viewer = Viewer(target, tokenizer)
     server = make_server(viewer, host, port)
+    threading.Thread(target=viewer.warm, daemon=True).start()
     count = sum(len(s.rows) for s in viewer.sources.values())
     typer.echo(f"{count} episodes in {len(viewer.sources)} files at http://{host}:{server.server_address[1]} (Ctrl-C stops)")
     try:

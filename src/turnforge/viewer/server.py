@@ -46,6 +46,11 @@ class Viewer:
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         return lambda ids: tokenizer.decode(ids)
 
+    def warm(self) -> None:
+        """Load the tokenizer now (a few seconds), e.g. in a thread at start, rather than on the first episode."""
+        with self._lock:
+            _ = self.decode
+
     def source(self, label: str) -> EpisodeFile:
         if label not in self.sources:
             raise KeyError(f"no episode file {label!r}; files: {', '.join(self.sources)}")
@@ -60,9 +65,9 @@ class Viewer:
 
     def episode(self, q: dict[str, str]) -> dict[str, Any]:
         traj = self.source(q.get("source", "")).trajectory(int(q.get("index", -1)))
-        with self._lock:  # the tokenizer loads once, whichever request comes first
-            decode = self.decode if traj.prompt_ids else None
-        return episode_view(traj, decode)
+        if traj.prompt_ids:
+            self.warm()  # the tokenizer loads once, whichever request comes first
+        return episode_view(traj, self.decode if traj.prompt_ids else None)
 
 
 def default_tokenizer(target: Path) -> str | None:
@@ -94,7 +99,7 @@ def make_server(viewer: Viewer, host: str = "127.0.0.1", port: int = 8080) -> Th
                     body = viewer.episode(q)
                 else:
                     return self._send(404, b'{"error": "not found"}', "application/json")
-            except (KeyError, ValueError, IndexError) as e:
+            except (KeyError, ValueError, IndexError, OSError) as e:  # OSError: a tokenizer that will not load
                 return self._send(400, json.dumps({"error": str(e)}).encode(), "application/json")
             self._send(200, json.dumps(body, ensure_ascii=False).encode(), "application/json")
 
