@@ -151,6 +151,7 @@ IRONGUARD_BUDGET = [
     "stages.collect-policy.max_new_tokens=16",
     *(f"stages.collect-sql.{k}" for k in ("tasks=2", "max_turns=3", "max_new_tokens=16")),
     "stages.dpo.max_steps=2",
+    "stages.dpo.logging_steps=1",  # a logged step: the report plots its loss
     "stages.dpo.learning_rate=1e-3",
     "stages.dpo.grad_accum=1",
     "stages.dpo.batch_size=1",
