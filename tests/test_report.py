@@ -11,6 +11,7 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
+from run_documents import assert_documented
 from turnforge.cli import app
 from turnforge.eval.failures import episode_failures
 from turnforge.eval.report import write_report
@@ -122,3 +123,16 @@ def test_an_adapter_card_shows_peft_usage_and_a_run_without_a_model_has_no_card(
         write_card(tmp_path / "run")
     result = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "not a finished run directory" in result.output
+
+
+ALFWORLD_SFT_TINY = [
+    "env.options.receptacles=0.3", "env.options.distractors=0", "stages.collect.tasks=4", "stages.sft.max_steps=2",
+    "stages.sft.grad_accum=1", "stages.sft.max_length=512", "stages.sft.logging_steps=1", "stages.sft.lora.r=8",
+    *(f"stages.{e}.{k}" for e in ("base", "eval-sft") for k in ("tasks=2", "max_turns=2", "max_new_tokens=16")),
+]
+
+
+@pytest.mark.slow  # ~40 s: the one recipe no other test runs on the tiny model
+def test_the_alfworld_sft_recipe_on_the_tiny_model_writes_its_report_and_card(tmp_path):
+    run_recipe(load_recipe("alfworld_sft", overrides=ALFWORLD_SFT_TINY, model="tiny"), tmp_path, console=Console(quiet=True))
+    assert_documented(tmp_path)
