@@ -246,7 +246,7 @@ def run_command(
         return
     summary = run_recipe(loaded, out, restart_from=restart_from)
     print_comparison(summary)
-    typer.echo(f"wrote {out / 'summary.json'} and {out / 'report.md'}")
+    typer.echo(f"wrote {out / 'summary.json'}, {out / 'report.md'} and {out / 'report.html'}")
 
 
 @app.command()
