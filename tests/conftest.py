@@ -32,3 +32,34 @@ def household_sft_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempP
     settings = SFTSettings(max_steps=20, batch_size=4, learning_rate=5e-3, max_length=512, logging_steps=20)
     run_sft(str(tiny_model_dir), [str(data)], out / "sft", settings)
     return out / "sft" / "model"
+
+
+QUICKSTART_BUDGET = [
+    "stages.collect.tasks=12",
+    "stages.sft.max_steps=2",
+    "stages.sft.batch_size=4",
+    "stages.sft.logging_steps=1",
+    *(
+        f"stages.{e}.{k}"
+        for e in ("base", "eval-sft", "eval-rft", "eval-grpo")
+        for k in ("tasks=6", "max_turns=3", "max_new_tokens=16")
+    ),
+    *(f"stages.rft.{k}" for k in ("tasks=3", "samples=2", "max_turns=3", "max_new_tokens=16")),
+    *(f"stages.grpo.{k}" for k in ("steps=1", "tasks_per_step=2", "num_generations=2", "max_turns=3",
+                                   "max_new_tokens=16")),
+]
+"""The quickstart on a tiny budget (~1 min on 2 cores): every stage kind of it runs, for a real run directory."""
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """(run directory, summary) of the quickstart on `QUICKSTART_BUDGET`, run once per session; do not modify
+    (re-running it, which skips every stage, is fine)."""
+    from rich.console import Console
+
+    from turnforge.pipeline import run_recipe
+    from turnforge.recipes import load_recipe
+
+    out = tmp_path_factory.mktemp("quickstart") / "qs"
+    summary = run_recipe(load_recipe("quickstart", overrides=QUICKSTART_BUDGET), out, console=Console(quiet=True))
+    return out, summary

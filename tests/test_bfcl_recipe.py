@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from run_documents import assert_documented
 from turnforge.recipes import load_recipe
 
 needs_bfcl = pytest.mark.skipif(
@@ -46,6 +47,7 @@ def test_tiny_variant_runs_every_phase(tmp_path):  # ~1 min: BFCL prompts carry 
     from turnforge.pipeline import run_recipe
 
     summary = run_recipe(load_recipe("bfcl_envtuning", overrides=TINY, model="tiny"), tmp_path, console=Console(quiet=True))
+    assert_documented(tmp_path)
     phases = summary["stages"]["envtune"]["result"]["phases"]
     assert [(p["phase"], p["hints"], p["steps"]) for p in phases] == [
         ("base-hints", True, 1), ("all-hints", True, 1), ("all-plain", False, 1)]

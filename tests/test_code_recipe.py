@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from run_documents import assert_documented
 from turnforge.recipes import load_recipe
 
 
@@ -28,6 +29,7 @@ def test_tiny_recipe_runs_every_stage(tmp_path):
     from turnforge.pipeline import run_recipe
 
     summary = run_recipe(load_recipe("code_grpo_tcr_tiny"), tmp_path, console=Console(quiet=True))
+    assert_documented(tmp_path)
     assert list(summary["stages"]) == ["collect", "sft", "grpo", "eval-grpo"]
     collected = [json.loads(x) for x in (tmp_path / "stages/01-collect/trajectories.jsonl").read_text().splitlines()]
     assert len(collected) == 4 and all(e["score"]["success"] for e in collected)

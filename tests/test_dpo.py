@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from run_documents import assert_documented
 from turnforge.data.dpo_pairs import PAIR_KEYS, Pair, save_pairs
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.models import load_model
@@ -129,6 +130,7 @@ def test_alfworld_dpo_recipe_runs_on_the_tiny_model(tmp_path):
 
     out = tmp_path / "run"
     summary = run_recipe(load_recipe("alfworld_dpo", overrides=TINY_BUDGET, model="tiny"), out, console=Console(quiet=True))
+    assert_documented(out)
     result = summary["stages"]["dpo"]["result"]
     stage = out / "stages/04-dpo"
     pairs = [json.loads(line) for line in (stage / "pairs.jsonl").read_text().splitlines()]
@@ -149,6 +151,7 @@ IRONGUARD_BUDGET = [
     "stages.collect-policy.max_new_tokens=16",
     *(f"stages.collect-sql.{k}" for k in ("tasks=2", "max_turns=3", "max_new_tokens=16")),
     "stages.dpo.max_steps=2",
+    "stages.dpo.logging_steps=1",  # a logged step: the report plots its loss
     "stages.dpo.learning_rate=1e-3",
     "stages.dpo.grad_accum=1",
     "stages.dpo.batch_size=1",
@@ -176,6 +179,7 @@ def test_agentbench_ironguard_runs_on_the_tiny_model_over_household_and_sql(tmp_
         teacher = [f'stages.dpo.teacher="openai:{url}#teacher"', "stages.dpo.teacher_max_new_tokens=16"]
         recipe = load_recipe("agentbench_ironguard", overrides=IRONGUARD_BUDGET + teacher, model="tiny")
         summary = run_recipe(recipe, tmp_path / "run", console=Console(quiet=True))
+    assert_documented(tmp_path / "run")
     result = summary["stages"]["dpo"]["result"]
     asked = result["mining"]["teacher_rejected"] + result["mining"]["chosen_from"].get("teacher", 0)
     assert asked > 0

@@ -195,23 +195,8 @@ MODEL_CODE = ("turnforge.train.sft", "turnforge.models", "turnforge.policies.hf"
 @pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in MODEL_CODE), reason="needs the model and training code"
 )
-def test_the_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
-    out = tmp_path / "qs"
-    budget = [
-        "stages.collect.tasks=12",
-        "stages.sft.max_steps=2",
-        "stages.sft.batch_size=4",
-        "stages.sft.logging_steps=1",
-        *(
-            f"stages.{e}.{k}"
-            for e in ("base", "eval-sft", "eval-rft", "eval-grpo")
-            for k in ("tasks=6", "max_turns=3", "max_new_tokens=16")
-        ),
-        *(f"stages.rft.{k}" for k in ("tasks=3", "samples=2", "max_turns=3", "max_new_tokens=16")),
-        *(f"stages.grpo.{k}" for k in ("steps=1", "tasks_per_step=2", "num_generations=2", "max_turns=3",
-                                       "max_new_tokens=16")),
-    ]
-    summary = run_recipe(load_recipe("quickstart", overrides=budget), out, console=_quiet())
+def test_the_quickstart_end_to_end_on_a_tiny_budget(quickstart_run):
+    out, summary = quickstart_run
 
     assert (out / "stages/02-sft/model/config.json").exists()
     assert set(summary["eval"]) == {"base", "sft", "rft", "grpo"}
@@ -222,7 +207,8 @@ def test_the_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
     assert summary["stages"]["grpo"]["result"]["steps"] == 1
     assert (out / "plots/sft_loss.png").stat().st_size > 0
     assert "![sft training loss](plots/sft_loss.png)" in (out / "report.md").read_text()
-    again = run_recipe(load_recipe("quickstart", overrides=budget), out, console=_quiet())
+    assert (out / "report.html").exists() and (out / "stages/07-grpo/model/README.md").exists()  # the model card
+    again = run_recipe(load_recipe(out / "config.toml"), out, console=_quiet())  # the resolved recipe, as run
     assert {s["status"] for s in again["stages"].values()} == {"skipped"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from run_documents import assert_documented
 from turnforge.recipes import load_recipe
 
 
@@ -25,6 +26,7 @@ def test_tiny_recipe_runs_every_stage(tmp_path):
     from turnforge.pipeline import run_recipe
 
     summary = run_recipe(load_recipe("tau_sft_rft_grpo_tiny"), tmp_path, console=Console(quiet=True))
+    assert_documented(tmp_path)
     assert list(summary["stages"]) == ["collect", "sft", "rft", "grpo", "eval-grpo"]
     collected = [json.loads(x) for x in (tmp_path / "stages/01-collect/trajectories.jsonl").read_text().splitlines()]
     assert len(collected) == 4 and all(e["score"]["reward"] == 1.0 for e in collected)  # expert + scripted user

@@ -11,6 +11,12 @@
     turnforge eval --env household --policy openai:http://127.0.0.1:8000/v1 --concurrency 16 --out runs/via-http
     turnforge eval --env household --policy expert --ray auto --workers 4 --out runs/ray
     accelerate launch --config_file configs/accelerate/ddp.yaml -m turnforge run alfworld_sft --out runs/alf
+    turnforge report runs/qs                       # report.md + report.html + plots/ (also written by every run)
+    turnforge report runs/a runs/b --compare --out runs/a-vs-b
+    turnforge card runs/qs                         # README.md model card next to the final model
+    turnforge view runs/qs --port 8080             # browse the episodes turn by turn
+    turnforge data export runs/x/stages/04-dpo/pairs.jsonl --format trl-preference --out pairs/
+    turnforge data import pairs/ --schema roundwise-dpo --out pairs.jsonl
 
 Bad input ends with a one-line `error: ...` on stderr and exit code 2, never a traceback.
 """
@@ -47,6 +53,8 @@ app = typer.Typer(
 )
 app.add_typer(household_app, name="household")
 app.add_typer(sandbox_app, name="sandbox")
+data_app = typer.Typer(help="Hugging Face datasets from a run's files, and back into a recipe's data.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 
 
 def _print_version(value: bool) -> None:
@@ -260,7 +268,7 @@ def run_command(
         return
     summary = run_recipe(loaded, out, restart_from=restart_from)
     print_comparison(summary)
-    typer.echo(f"wrote {out / 'summary.json'} and {out / 'report.md'}")
+    typer.echo(f"wrote {out / 'summary.json'}, {out / 'report.md'} and {out / 'report.html'}")
 
 
 @app.command()
@@ -318,3 +326,89 @@ def parse_adapters(pairs: list[str]) -> dict[str, str]:
             raise ValueError(f"--adapter {adapter_name.strip()!r} is given twice")
         adapters[adapter_name.strip()] = path.strip()
     return adapters
+
+
+@app.command()
+@_user_errors
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (the --out of `turnforge run`).")],
+    compare: Annotated[bool, typer.Option(help="Put the runs' evaluations side by side in one report.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Folder of the --compare report (default: ./compare).")] = None,
+) -> None:
+    """Write report.md, a self-contained report.html and plots/ from a run directory (or compare runs)."""
+    from turnforge.eval.report import write_comparison, write_report
+
+    if compare:
+        path = write_comparison(runs, out or Path("compare"))
+        typer.echo(f"wrote {path} and {path.with_suffix('.html')}")
+        return
+    if len(runs) != 1 or out is not None:
+        raise ValueError("give one run directory (its report is written into it), or several with --compare [--out DIR]")
+    path = write_report(runs[0])
+    typer.echo(f"wrote {path}, {path.with_suffix('.html')} and {runs[0] / 'plots'}")
+
+
+@app.command()
+@_user_errors
+def card(
+    run: Annotated[Path, typer.Argument(help="Run directory.")],
+    out: Annotated[Path | None, typer.Option(help="Where to write it (default: README.md in the final model's folder).")] = None,
+) -> None:
+    """Write the Hugging Face model card (YAML front matter + model-index) of the run's final model."""
+    from turnforge.eval.card import write_card
+
+    typer.echo(f"wrote {write_card(run, out)}")
+
+
+@app.command()
+@_user_errors
+def view(
+    target: Annotated[Path, typer.Argument(help="A run directory, or one episodes.jsonl / trajectories.jsonl.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one (printed).")] = 8080,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer that decodes loss masks (default: the run's model).")] = None,
+) -> None:
+    """Browse every stage's episodes turn by turn in a local web page (filters, loss masks)."""
+    import threading
+
+    from turnforge.viewer.server import Viewer, make_server
+
+    viewer = Viewer(target, tokenizer)
+    server = make_server(viewer, host, port)
+    threading.Thread(target=viewer.warm, daemon=True).start()
+    count = sum(len(s.rows) for s in viewer.sources.values())
+    typer.echo(f"{count} episodes in {len(viewer.sources)} files at http://{host}:{server.server_address[1]} (Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+SCHEMA_HELP = "trl-sft (trajectories: messages + tools) | trl-preference (prompt/chosen/rejected) | roundwise-dpo."
+
+
+@data_app.command("export")
+@_user_errors
+def data_export(
+    source: Annotated[str, typer.Argument(help="trajectories.jsonl / episodes.jsonl, pairs.jsonl, or a dataset.")],
+    format: Annotated[str, typer.Option("--format", help=SCHEMA_HELP)],  # noqa: A002
+    out: Annotated[Path, typer.Option(help="A folder (save_to_disk), a .parquet or a .jsonl file.")],
+) -> None:
+    """Export trajectories or DPO pairs as a Hugging Face dataset (ready for push_to_hub)."""
+    from turnforge.data.hf_datasets import export_dataset
+
+    typer.echo(f"wrote {export_dataset(source, format, out)}")
+
+
+@data_app.command("import")
+@_user_errors
+def data_import(
+    source: Annotated[str, typer.Argument(help="A dataset folder, .parquet / .jsonl file, or hf:NAME[:SPLIT].")],
+    schema: Annotated[str, typer.Option(help=SCHEMA_HELP)],
+    out: Annotated[Path, typer.Option(help="The JSONL file to write (name it in a stage's `data`).")],
+) -> None:
+    """Import a dataset in one of the schemas as JSONL for a recipe's sft or dpo stage."""
+    from turnforge.data.hf_datasets import import_dataset
+
+    path, rows = import_dataset(source, schema, out)
+    typer.echo(f"wrote {rows} records to {path}")

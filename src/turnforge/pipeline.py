@@ -14,7 +14,9 @@ The run directory:
     eval/<name>/             (eval) episodes.jsonl + summary.json, as `turnforge eval` writes them
     models/tiny/             the offline tiny model, when [model] name = "tiny"
     summary.json             {"recipe", "model", "eval": {name: summary}, "stages": {id: {...}}, "wall_s"}
-    report.md, plots/        the report (eval tables, stage timings, SFT loss curves, the recipe)
+    report.md, report.html   the report (evaluations per category, failure modes, stage timings, curves, the recipe)
+    plots/                   the learning curves (loss, reward, success, KL, entropy per step)
+    stages/NN-<id>/model/README.md   the Hugging Face model card of the final model (`turnforge.eval.card`)
 
 Resuming: re-running the same command skips every stage that has done.json; a stage without it runs
 again, keeping what a killed run left (finished episodes of collect and eval stages, SFT checkpoints).
@@ -38,18 +40,14 @@ from typing import Any
 
 from rich.console import Console
 
+from turnforge.eval.card import write_final_card
 from turnforge.eval.report import comparison_table, write_report
 from turnforge.recipes import Recipe, load_recipe
-from turnforge.rundir import check_out_dir, locked
+from turnforge.rundir import CONFIG_FILE, DONE_FILE, STAGE_FILE, SUMMARY_FILE, check_out_dir, locked
 from turnforge.scale.processes import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
 from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
 from turnforge.stages.context import STAGES_DIR
-
-CONFIG_FILE = "config.toml"
-STAGE_FILE = "stage.json"
-DONE_FILE = "done.json"
-SUMMARY_FILE = "summary.json"
 
 
 @dataclass
@@ -115,8 +113,10 @@ def _run_plans(recipe: Recipe, plans: list, out: Path, console: Console) -> dict
     }
     if is_main_process():
         _write_json(out / SUMMARY_FILE, summary)
-        loss_files = {p.stage.id: p.dir / "metrics.jsonl" for p in plans if isinstance(p.stage, TrainStage)}
-        write_report(out, summary, recipe.to_toml(), loss_files)
+        write_report(out)
+        card = write_final_card(out)
+        if card is not None:
+            console.print(f"model card: {card}")
     return summary
 
 

@@ -1,4 +1,6 @@
-"""A run directory is used by one process at a time (design.md §7): `with locked(out):` holds `OUT/.lock`.
+"""The run directory: its file names, the one process that uses it at a time, and `read_run` for what reads it back.
+
+A run directory is used by one process at a time (design.md §7): `with locked(out):` holds `OUT/.lock`.
 
 The lock is an advisory `flock` on that file, so the operating system drops it when its process dies: a lock
 left by a killed run is simply taken over by the next one, with nothing to clean up. The file says which
@@ -9,14 +11,22 @@ it for all of them (`turnforge.scale.processes`); the others wait for its outcom
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from turnforge.scale.processes import main_process_result
 
 LOCK_FILE = ".lock"
+CONFIG_FILE = "config.toml"
+STAGE_FILE = "stage.json"
+DONE_FILE = "done.json"
+SUMMARY_FILE = "summary.json"
+TRAINING_KINDS = ("sft", "rft", "dpo", "grpo", "envtune")
 
 
 def check_out_dir(out: Path) -> None:
@@ -58,3 +68,49 @@ def _acquire(out: Path):
     handle.write(f"turnforge pid {os.getpid()}\n")
     handle.flush()
     return handle
+
+
+@dataclass
+class RunFiles:
+    """A finished (or resumed) run directory as the report, the model card and the viewer read it."""
+
+    dir: Path
+    summary: dict[str, Any]
+    """summary.json: {"recipe", "model", "eval": {name: summary}, "stages": {id: {kind, dir, status, wall_s, result}}}."""
+    recipe_toml: str
+
+    def path(self, relative: str) -> Path:
+        """A path written in done.json (relative to the run directory; absolute ones stay as they are)."""
+        return self.dir / relative
+
+    def eval_episodes(self) -> dict[str, Path]:
+        """Eval name -> its episodes.jsonl, in recipe order (those that exist)."""
+        out = {}
+        for stage in self.summary["stages"].values():
+            summary = stage["result"].get("summary") if stage["kind"] == "eval" else None
+            if summary and (self.path(summary).parent / "episodes.jsonl").exists():
+                out[self.path(summary).parent.name] = self.path(summary).parent / "episodes.jsonl"
+        return out
+
+    def final_model(self) -> tuple[str, Path, bool] | None:
+        """(stage id, folder, is an adapter) of the last training stage that saved a model of its own; None if none."""
+        for stage_id, stage in reversed(self.summary["stages"].items()):
+            result = stage["result"]
+            model = result.get("model")
+            # a stage that kept the model it started from (RFT with nothing kept) names a model outside its folder
+            if stage["kind"] in TRAINING_KINDS and model and self.path(model).is_relative_to(self.path(stage["dir"])):
+                return stage_id, self.path(model), bool(result.get("adapter"))
+        return None
+
+
+def read_run(run_dir: str | Path) -> RunFiles:
+    """The run directory `run_dir` (summary.json + config.toml); a clear error when it is none."""
+    run_dir = Path(run_dir)
+    summary_file = run_dir / SUMMARY_FILE
+    if not summary_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(
+            f"{run_dir} is not a finished run directory (no {SUMMARY_FILE} or {CONFIG_FILE}); "
+            "give the --out of a `turnforge run`, or finish the run first"
+        )
+    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    return RunFiles(run_dir, summary, (run_dir / CONFIG_FILE).read_text(encoding="utf-8"))

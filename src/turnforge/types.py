@@ -231,12 +231,20 @@ def json_records(path: str | Path, expected: str = "one JSON object a line") -> 
             yield where, record
 
 
+def trajectory_records(path: str | Path) -> Iterator[tuple[str, Trajectory]]:
+    """(`FILE:LINE`, Trajectory) for every line of a JSON-lines file of trajectories; a bad line names its place."""
+    for where, record in json_records(path, "one Trajectory JSON line a line"):
+        yield where, trajectory_from_record(where, record)
+
+
+def trajectory_from_record(where: str, record: dict[str, Any]) -> Trajectory:
+    """`Trajectory.from_dict(record)`; a record that is none is an error naming `where`."""
+    try:
+        return Trajectory.from_dict(record)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: not a trajectory ({type(e).__name__}: {e}); fix or delete the line") from None
+
+
 def read_trajectories(path: str | Path) -> list[Trajectory]:
     """Every Trajectory of a JSON-lines file (episodes.jsonl, trajectories.jsonl); a bad line names its place."""
-    out = []
-    for where, record in json_records(path, "one Trajectory JSON line a line"):
-        try:
-            out.append(Trajectory.from_dict(record))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{where}: not a trajectory ({type(e).__name__}: {e}); fix or delete the line") from None
-    return out
+    return [traj for _, traj in trajectory_records(path)]

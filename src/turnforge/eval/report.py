@@ -1,21 +1,40 @@
-"""The report of a run: evaluations side by side (rich on the terminal, Markdown in report.md) and loss plots.
+"""The report of a run: report.md and one self-contained report.html (plots embedded), from the run directory.
+
+    turnforge report runs/qs                      # runs/qs/report.md, report.html, plots/
+    turnforge report runs/a runs/b --compare      # their evaluations side by side
 
 One function, `comparison_rows`, decides what is compared (success with its 95 % interval, pass@k,
 pass^k, mean reward / progress / turns, success per category); the terminal table and the Markdown
 table both render its rows, so they never disagree. With exactly two evaluations a Δ column (second
 minus first, in percentage points for rates) shows the change, e.g. base -> sft.
+
+The report then gives, evaluation after evaluation: success / pass@k / pass^k / mean reward per category with
+Wilson intervals, stop reasons, failure modes (`turnforge.eval.failures`, with one example each); for a run also
+each stage's tokens, wall time and settings, the learning curves (`turnforge.eval.curves`) and the resolved
+recipe. Every number is read from the run's files. The HTML is the Markdown rendered by markdown-it (rich's
+own dependency) with the PNGs inlined as base64, so it opens anywhere without the plots folder.
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import json
+import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from turnforge.eval.curves import stage_curves
+from turnforge.eval.metrics import summarize
+from turnforge.rundir import RunFiles, read_run
+from turnforge.types import read_trajectories
+
 REPORT_FILE = "report.md"
+REPORT_HTML = "report.html"
 PLOTS_DIR = "plots"
 
 
@@ -98,33 +117,6 @@ def comparison_markdown(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_loss(metrics_file: Path, png: Path, title: str, key: str = "loss") -> Path | None:
-    """`key` (the training loss; GRPO's mean episode `reward`) against step from a metrics.jsonl (lines with
-    `step` and `key`); None when it has none."""
-    points = []
-    if metrics_file.exists():
-        for line in metrics_file.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
-            if isinstance(entry, dict) and entry.get(key) is not None and "step" in entry:
-                points.append((entry["step"], entry[key]))
-    if not points:
-        return None
-    from matplotlib.figure import Figure  # the object API renders with Agg; no pyplot, no display needed
-
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.add_subplot()
-    steps, losses = zip(*points, strict=True)
-    ax.plot(steps, losses, marker="o" if len(points) < 30 else None)
-    ax.set(xlabel="optimizer step", ylabel="training loss" if key == "loss" else f"mean {key}", title=title)
-    ax.grid(alpha=0.3)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120, bbox_inches="tight")
-    return png
-
-
 def stage_result_text(kind: str, result: dict[str, Any]) -> str:
     """A stage's done.json result in a few words, for the report's stage table."""
     if kind in ("collect", "eval"):
@@ -147,37 +139,200 @@ def stage_result_text(kind: str, result: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, int | float))
 
 
-def write_report(
-    out_dir: Path, summary: dict[str, Any], recipe_toml: str, loss_files: dict[str, Path]
-) -> Path:
-    """OUT/report.md (+ OUT/plots/<stage>_loss.png per training stage, <stage>_reward.png for GRPO) from the
-    run's summary.json dict."""
-    out_dir = Path(out_dir)
+
+
+@dataclass
+class Column:
+    """One evaluation in the report's tables: its label, summary.json, episodes file and the report's folder."""
+
+    label: str
+    summary: dict[str, Any]
+    episodes: Path | None
+    link_base: Path
+
+
+def _link(path: Path, base: Path) -> str:
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _pct_ci(successes: int, n: int, rate: float, interval: list[float]) -> str:
+    return f"{100 * rate:.1f}% ({100 * interval[0]:.0f}–{100 * interval[1]:.0f}, n={n})" if n else "–"
+
+
+def category_table(columns: list[Column]) -> list[str]:
+    """Per category, evaluation after evaluation: success (Wilson 95 %), best-k pass@k and pass^k, mean reward."""
+    per_column: list[dict[str, dict[str, Any]]] = []
+    for col in columns:
+        groups: dict[str, list] = {}
+        for traj in read_trajectories(col.episodes) if col.episodes else []:
+            groups.setdefault(traj.category, []).append(traj)
+        per_column.append({
+            category: summarize(episodes, env=col.summary["env"], split=col.summary["split"], policy=col.summary["policy"],
+                                samples_per_task=col.summary["samples_per_task"])
+            for category, episodes in groups.items()
+        })
+    lines = ["| category | evaluation | success (95% CI) | pass@k | pass^k | mean reward |", "|---|---|---:|---:|---:|---:|"]
+    for category in sorted({c for summaries in per_column for c in summaries}):
+        for col, summaries in zip(columns, per_column, strict=True):
+            s = summaries.get(category)
+            if s is None:
+                continue
+            k = max(s["pass@k"], key=int, default=None)
+            at_k = f"pass@{k} {100 * s['pass@k'][k]:.1f}%" if k else "–"
+            hat_k = f"pass^{k} {100 * s['pass^k'][k]:.1f}%" if k else "–"
+            success = _pct_ci(round(s["success"] * s["n_episodes"]), s["n_episodes"], s["success"], s["success_ci"])
+            lines.append(f"| {category} | {col.label} | {success} | {at_k} | {hat_k} | {s['mean_reward']:.3f} |")
+    return lines
+
+
+def stop_reason_table(columns: list[Column]) -> list[str]:
+    """Episodes per stop reason, per evaluation (count and share)."""
+    reasons = list(dict.fromkeys(r for col in columns for r in col.summary["stop_reasons"]))
+    lines = ["| stop reason | " + " | ".join(c.label for c in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for reason in reasons:
+        cells = []
+        for col in columns:
+            n, total = col.summary["stop_reasons"].get(reason, 0), max(col.summary["n_episodes"], 1)
+            cells.append(f"{n} ({100 * n / total:.0f}%)" if n else "–")
+        lines.append(f"| {reason} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def failure_table(columns: list[Column]) -> list[str]:
+    """Failure modes per evaluation: episodes showing it (total count), and a link to the first such episode."""
+    from turnforge.eval.failures import (  # reads env judging code: only when reporting
+        FAILURE_MODES,
+        failure_modes,
+    )
+
+    found = {col.label: failure_modes(col.episodes) for col in columns if col.episodes}
+    lines = ["| failure mode | " + " | ".join(c.label for c in columns) + " |", "|---|" + "---|" * len(columns)]
+    for mode in FAILURE_MODES:
+        cells = []
+        for col in columns:
+            seen = found.get(col.label, {}).get(mode)
+            if seen is None or not seen.episodes:
+                cells.append("–")
+                continue
+            file, _, line = seen.example.rpartition(":")
+            link = _link(Path(file), col.link_base)
+            cells.append(f"{seen.episodes} ep. ({seen.count}); e.g. [{seen.example_task}]({link}) line {line}")
+        lines.append(f"| {mode.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def evaluation_sections(columns: list[Column]) -> list[str]:
+    """The sections every report has: the comparison, per category, stop reasons, failure modes."""
+    summaries = {c.label: c.summary for c in columns}
+    return [
+        "## Evaluation", "", comparison_markdown(summaries), "",
+        "## Per category (95% Wilson intervals)", "", *category_table(columns), "",
+        "## Stop reasons", "", *stop_reason_table(columns), "",
+        "## Failure modes", "",
+        "Episodes showing each mode (total turns or actions in brackets), with the first such episode "
+        "(`turnforge view` browses them).", "", *failure_table(columns), "",
+    ]  # fmt: skip
+
+
+def _stage_tokens(run: RunFiles, stage: dict[str, Any]) -> str:
+    """Tokens a stage trained on or generated, as its files record them; "–" when they do not."""
+    result = stage["result"]
+    if "tokens" in result:
+        return f"{result['tokens']} trained"
+    summary = result.get("summary") or (f"{stage['dir']}/summary.json" if stage["kind"] == "collect" else None)
+    if summary and run.path(summary).exists():
+        return f"{json.loads(run.path(summary).read_text(encoding='utf-8'))['tokens_generated']} generated"
+    return "–"
+
+
+def stage_sections(run: RunFiles) -> list[str]:
+    """Each stage's status, wall time, tokens and result, then its settings as the resolved recipe holds them."""
+    lines = ["## Stages", "", "| stage | kind | status | wall | tokens | result |", "|---|---|---|---:|---:|---|"]
+    for stage in run.summary["stages"].values():
+        text = stage_result_text(stage["kind"], stage["result"])
+        lines.append(f"| `{stage['dir']}` | {stage['kind']} | {stage['status']} | {stage['wall_s']:.1f} s | "
+                     f"{_stage_tokens(run, stage)} | {text} |")
+    recipe = tomllib.loads(run.recipe_toml)
+    lines += ["", "## Stage settings", "", "| stage | settings |", "|---|---|"]
+    for stage_id, table in zip(run.summary["stages"], recipe.get("stages", []), strict=False):
+        lines.append(f"| {stage_id} | " + ", ".join(f"`{k} = {json.dumps(v)}`" for k, v in table.items()) + " |")
+    return [*lines, ""]
+
+
+def curve_sections(run: RunFiles) -> list[str]:
+    """The learning curves of every training stage (PNGs in plots/)."""
+    images = []
+    for stage_id, stage in run.summary["stages"].items():
+        for curve in stage_curves(run.dir, stage_id, run.path(stage["dir"]), run.dir / PLOTS_DIR):
+            images.append(f"![{stage_id} {curve.what}]({curve.png})")
+    return ["## Training curves", "", *images, ""] if images else []
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """RUN/report.md, RUN/report.html and RUN/plots/*.png from the run directory's files; returns report.md."""
+    run = read_run(run_dir)
+    summary = run.summary
+    columns = [
+        Column(name, s, run.eval_episodes().get(name), run.dir) for name, s in summary["eval"].items()
+    ]
     lines = [f"# {summary['recipe']}", ""]
     if summary.get("description"):
         lines += [summary["description"], ""]
-    lines += [
-        f"Run directory `{out_dir}`; model `{summary['model']}`; this invocation took {summary['wall_s']:.1f} s.",
-        "",
+    lines += [f"Run directory `{run.dir}`; model `{summary['model']}`; the last invocation took {summary['wall_s']:.1f} s.", ""]
+    if columns:
+        lines += evaluation_sections(columns)
+    lines += [*stage_sections(run), *curve_sections(run)]
+    lines += ["## Recipe (resolved)", "", "```toml", run.recipe_toml.rstrip(), "```", ""]
+    return _write_both(run.dir, "\n".join(lines), summary["recipe"])
+
+
+def write_comparison(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
+    """OUT/report.md + report.html: the evaluations of several runs side by side (`RUN:EVAL` columns)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [read_run(d) for d in run_dirs]
+    names = [r.dir.resolve().name for r in runs]
+    if len(set(names)) < len(names):  # two runs named alike: tell them apart by their full paths
+        names = [str(r.dir) for r in runs]
+    columns = [
+        Column(f"{name}:{ev}", s, run.eval_episodes().get(ev), out)
+        for name, run in zip(names, runs, strict=True)
+        for ev, s in run.summary["eval"].items()
     ]
-    if summary["eval"]:
-        lines += ["## Evaluation", "", comparison_markdown(summary["eval"]), ""]
-    lines += ["## Stages", "", "| stage | kind | status | wall | result |", "|---|---|---|---:|---|"]
-    for stage in summary["stages"].values():
-        text = stage_result_text(stage["kind"], stage["result"])
-        lines.append(
-            f"| `{stage['dir']}` | {stage['kind']} | {stage['status']} | {stage['wall_s']:.1f} s | {text} |"
-        )
-    lines.append("")
-    plots = []
-    for stage_id, metrics in loss_files.items():
-        for key, what in (("loss", "training loss"), ("reward", "reward per step")):
-            png = plot_loss(metrics, out_dir / PLOTS_DIR / f"{stage_id}_{key}.png", f"{stage_id}: {what}", key)
-            if png is not None:
-                plots.append(f"![{stage_id} {what}]({png.relative_to(out_dir)})")
-    if plots:
-        lines += ["## Training curves", "", *plots, ""]
-    lines += ["## Recipe (resolved)", "", "```toml", recipe_toml.rstrip(), "```", ""]
-    path = out_dir / REPORT_FILE
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    if not columns:
+        raise ValueError(f"none of {', '.join(map(str, run_dirs))} has an evaluation to compare")
+    lines = ["# " + " vs ".join(names), "", *(f"- `{n}`: recipe {r.summary['recipe']}, model `{r.summary['model']}`"
+                                           for n, r in zip(names, runs, strict=True)), ""]
+    lines += evaluation_sections(columns)
+    return _write_both(out, "\n".join(lines), " vs ".join(names))
+
+
+def _write_both(out: Path, markdown: str, title: str) -> Path:
+    (out / REPORT_FILE).write_text(markdown, encoding="utf-8")
+    (out / REPORT_HTML).write_text(report_html(markdown, title, out), encoding="utf-8")
+    return out / REPORT_FILE
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem;color:#222}
+table{border-collapse:collapse;margin:.5rem 0}th,td{border:1px solid #ccc;padding:.25rem .5rem;font-size:.9rem}
+th{background:#f3f3f3}pre{background:#f6f6f6;padding:.75rem;overflow:auto}img{max-width:48%;margin:.25rem}"""
+
+
+def report_html(markdown: str, title: str, base: Path) -> str:
+    """One self-contained HTML page: the Markdown rendered, every local PNG inlined as a data: URI."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark").enable("table").render(markdown)
+
+    def inline(match: re.Match) -> str:
+        png = base / html.unescape(match.group(1))
+        if not png.is_file():
+            return match.group(0)
+        return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
+
+    body = re.sub(r'src="([^":]+\.png)"', inline, body)
+    return (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>\n{body}</body></html>\n")
