@@ -136,3 +136,25 @@ ALFWORLD_SFT_TINY = [
 def test_the_alfworld_sft_recipe_on_the_tiny_model_writes_its_report_and_card(tmp_path):
     run_recipe(load_recipe("alfworld_sft", overrides=ALFWORLD_SFT_TINY, model="tiny"), tmp_path, console=Console(quiet=True))
     assert_documented(tmp_path)
+
+
+def test_the_readme_results_block_is_filled_from_the_run(quickstart_run, tmp_path):
+    out, summary = quickstart_run
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- turnforge results: begin -->\nstale table\n<!-- turnforge results: end -->\nafter\n")
+    result = CliRunner().invoke(app, ["report", str(out), "--readme", str(readme)])
+    assert result.exit_code == 0, result.output
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- turnforge results: begin -->\n| model |") and text.endswith("<!-- turnforge results: end -->\nafter\n")
+    assert "stale table" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "**" in line]
+    assert len(rows) == len(summary["eval"]) == 4  # base, sft, rft, grpo: one row each, in recipe order
+    assert rows[0].startswith("| untrained ")
+    for row, (name, ev) in zip(rows, summary["eval"].items(), strict=True):
+        assert f"**{100 * ev['success']:.1f} %**" in row and f"n = {ev['n_episodes']}" in row, (name, row)
+    assert rows[1].startswith(f"| sft: {summary['stages']['sft']['result']['steps']} steps")
+    machine = summary["machine"]
+    assert f"on {machine['cpu']}, {machine['cores']} cores" in text
+    readme.write_text("no block here\n")
+    result = CliRunner().invoke(app, ["report", str(out), "--readme", str(readme)])
+    assert result.exit_code != 0 and "has no <!-- turnforge results: begin -->" in result.output

@@ -331,3 +331,20 @@ def test_hf_source_and_max_examples(tmp_path, tokenizer, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="turnforge.train.sft"):
         dataset, counts = build_dataset(["hf:org/more"], tokenizer, SFTSettings(max_examples=3))
     assert len(dataset) == 3 and "max_examples=3" in caplog.text
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_pads_batches_or_falls_back_to_float32(tmp_path, monkeypatch, caplog, native):
+    from turnforge.train import runtime
+    from turnforge.train.sft import sft_config
+
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native)
+    with caplog.at_level(logging.WARNING, logger="turnforge.train.runtime"):
+        config = sft_config(tmp_path, SFTSettings(max_steps=1, trl={"bf16": True}))
+    assert config.bf16 is native
+    assert config.pad_to_multiple_of == (runtime.CPU_BF16_PAD if native else None)
+    assert ("no native bf16" in caplog.text) is (not native)
+    kept = sft_config(tmp_path, SFTSettings(max_steps=1, trl={"bf16": True, "pad_to_multiple_of": 8}))
+    assert kept.pad_to_multiple_of == 8
+    assert sft_config(tmp_path, SFTSettings(max_steps=1)).pad_to_multiple_of is None  # float32: nothing changes

@@ -334,9 +334,11 @@ def report(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (the --out of `turnforge run`).")],
     compare: Annotated[bool, typer.Option(help="Put the runs' evaluations side by side in one report.")] = False,
     out: Annotated[Path | None, typer.Option(help="Folder of the --compare report (default: ./compare).")] = None,
+    readme: Annotated[Path | None, typer.Option(help="Also fill this file's results block (between "
+                                                "<!-- turnforge results: begin/end --> lines) from the run.")] = None,
 ) -> None:
     """Write report.md, a self-contained report.html and plots/ from a run directory (or compare runs)."""
-    from turnforge.eval.report import write_comparison, write_report
+    from turnforge.eval.report import update_readme, write_comparison, write_report
 
     if compare:
         path = write_comparison(runs, out or Path("compare"))
@@ -346,6 +348,8 @@ def report(
         raise ValueError("give one run directory (its report is written into it), or several with --compare [--out DIR]")
     path = write_report(runs[0])
     typer.echo(f"wrote {path}, {path.with_suffix('.html')} and {runs[0] / 'plots'}")
+    if readme is not None:
+        typer.echo(f"filled the results block of {update_readme(readme, runs[0])}")
 
 
 @app.command()

@@ -43,6 +43,7 @@ from rich.console import Console
 from turnforge.eval.card import write_final_card
 from turnforge.eval.report import comparison_table, write_report
 from turnforge.recipes import Recipe, load_recipe
+from turnforge.machine import machine_info
 from turnforge.rundir import CONFIG_FILE, DONE_FILE, STAGE_FILE, SUMMARY_FILE, check_out_dir, locked
 from turnforge.scale.processes import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
@@ -110,6 +111,8 @@ def _run_plans(recipe: Recipe, plans: list, out: Path, console: Console) -> dict
         "eval": _eval_summaries(recipe, out),
         "stages": stages,
         "wall_s": round(time.perf_counter() - started, 3),
+        "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(),
     }
     if is_main_process():
         _write_json(out / SUMMARY_FILE, summary)

@@ -289,6 +289,56 @@ def write_report(run_dir: str | Path) -> Path:
     return _write_both(run.dir, "\n".join(lines), summary["recipe"])
 
 
+RESULTS_BEGIN = "<!-- turnforge results: begin -->"
+RESULTS_END = "<!-- turnforge results: end -->"
+
+
+def results_table(run_dir: str | Path) -> str:
+    """The run's evaluations as a README table: the model each evaluated (and what trained it), success with its
+    95 % interval, mean progress, the training stage's wall time; then the machine and the end-to-end time.
+
+    Every number is read from the run directory, so a README block made from it cannot drift from the run."""
+    from turnforge.recipes import parse_recipe
+
+    run = read_run(run_dir)
+    recipe = parse_recipe(tomllib.loads(run.recipe_toml))
+    stages = run.summary["stages"]
+    lines = ["| model | success (95 % CI) | mean progress | training wall | eval wall |", "|---|---:|---:|---:|---:|"]
+    for index, stage in enumerate(recipe.stages):
+        done = stages.get(stage.id)
+        if stage.kind != "eval" or done is None or "summary" not in done["result"]:
+            continue
+        summary = json.loads(run.path(done["result"]["summary"]).read_text(encoding="utf-8"))
+        source = recipe.model_source(index)
+        if source is None:
+            label, trained = f"untrained {run.summary['model']}", "–"
+        else:
+            trainer = stages[source]
+            label = f"{source}: {stage_result_text(trainer['kind'], trainer['result'])}"
+            trained = f"{trainer['wall_s']:.0f} s"
+        n, low, high = summary["n_episodes"], *summary["success_ci"]
+        lines.append(f"| {label} | **{100 * summary['success']:.1f} %** ({100 * low:.1f}–{100 * high:.1f}, n = {n}) | "
+                     f"{100 * summary['mean_progress']:.0f} % | {trained} | {done['wall_s']:.0f} s |")
+    total = sum(s["wall_s"] for s in stages.values()) + (run.summary.get("base_model_s") or 0)
+    machine = run.summary.get("machine")
+    where = (f"{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}" if machine else "machine not recorded")
+    lines += ["", f"Recipe `{run.summary['recipe']}`, {total / 60:.1f} min end to end (stages + building the base "
+              f"model), on {where}; finished {run.summary.get('finished', 'at an unrecorded time')}."]
+    return "\n".join(lines)
+
+
+def update_readme(readme: str | Path, run_dir: str | Path) -> Path:
+    """Replace the block between RESULTS_BEGIN and RESULTS_END in `readme` by `results_table(run_dir)`."""
+    readme = Path(readme)
+    text = readme.read_text(encoding="utf-8")
+    begin, end = text.find(RESULTS_BEGIN), text.find(RESULTS_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"{readme} has no {RESULTS_BEGIN} ... {RESULTS_END} block to fill")
+    block = f"{RESULTS_BEGIN}\n{results_table(run_dir)}\n"
+    readme.write_text(text[:begin] + block + text[end:], encoding="utf-8")
+    return readme
+
+
 def write_comparison(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     """OUT/report.md + report.html: the evaluations of several runs side by side (`RUN:EVAL` columns)."""
     out = Path(out_dir)

@@ -26,7 +26,7 @@ from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 logger = logging.getLogger(__name__)
 
 __all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "resume_point", "runtime_args",
-           "save_trained", "training_dtype", "trl_config"]
+           "save_trained", "training_dtype", "trl_config", "cpu_bf16_args"]
 # transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns).
 CHECKPOINTING_FIELD = next(
     name for name in ("activation_checkpointing", "gradient_checkpointing") if name in SFTConfig.__dataclass_fields__
@@ -52,9 +52,31 @@ def runtime_args() -> dict[str, Any]:
 def trl_config(config_cls: type, out_dir: Path, settings: Any) -> Any:
     """TRL's config for `settings`: run-time fields < the settings' own fields (`trl_kwargs`) < its `trl` table."""
     settings.check_trl()
-    return config_cls(
-        output_dir=str(Path(out_dir) / CHECKPOINT_DIR), **{**runtime_args(), **settings.trl_kwargs(), **settings.trl}
-    )
+    args = {**runtime_args(), **settings.trl_kwargs(), **settings.trl}
+    if args.get("bf16") and not torch.cuda.is_available():
+        args = cpu_bf16_args(args)
+    return config_cls(output_dir=str(Path(out_dir) / CHECKPOINT_DIR), **args)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN computes bf16 natively on this CPU (AMX or AVX512-BF16)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+CPU_BF16_PAD = 128
+"""Sequence lengths are padded to a multiple of this when training autocasts to bf16 on a CPU."""
+
+
+def cpu_bf16_args(args: dict[str, Any]) -> dict[str, Any]:
+    """`bf16 = true` on a CPU: bf16 autocast where the CPU computes bf16 natively (AMX / AVX512-BF16; ~1.5x faster
+    steps on the quickstart model), float32 with a warning where it would only be emulated (several times slower).
+
+    Padding to `CPU_BF16_PAD`: oneDNN builds and caches a bf16 kernel per input shape, so unpadded batches of
+    varying length re-build kernels every step and grow the process by ~50 MB a step (measured: 3 GB in 40 steps)."""
+    if not cpu_has_native_bf16():
+        logger.warning("bf16 asked for, but this CPU has no native bf16 (AMX / AVX512-BF16): training in float32")
+        return {**args, "bf16": False}
+    return {"pad_to_multiple_of": CPU_BF16_PAD, **args}
 
 
 def training_dtype(lora: LoraSpec | None) -> str:
