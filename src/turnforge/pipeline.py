@@ -42,8 +42,8 @@ from rich.console import Console
 
 from turnforge.eval.card import write_final_card
 from turnforge.eval.report import comparison_table, write_report
-from turnforge.recipes import Recipe, load_recipe
 from turnforge.machine import machine_info
+from turnforge.recipes import Recipe, load_recipe
 from turnforge.rundir import CONFIG_FILE, DONE_FILE, STAGE_FILE, SUMMARY_FILE, check_out_dir, locked
 from turnforge.scale.processes import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
