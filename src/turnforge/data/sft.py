@@ -16,7 +16,7 @@ reply and the end-of-turn token that closes it), 0 on the prompt and on every ob
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -198,13 +198,25 @@ def fit_to_length(example: SFTExample, max_length: int) -> SFTExample | None:
     return cut if any(cut.completion_mask) else None
 
 
+def in_episode_order(records: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """Trajectory records sorted by (task_id, sample); other records as they come.
+
+    A rollout file lists episodes in the order they finished, which depends on timing: sorted, a rerun of the
+    same recipe trains on the same sequence of examples (measured: two quickstart SFT runs on the same 4,000
+    episodes in two finish orders reached 34 % and 8 % test success)."""
+    records = list(records)
+    if records and all("task_id" in r and "turns" in r for _, r in records):
+        records.sort(key=lambda item: (str(item[1]["task_id"]), int(item[1].get("sample", 0))))
+    return records
+
+
 def source_examples(
     data: list[str], tokenizer: PreTrainedTokenizerBase, window: int | None, counts: DataCounts
 ) -> Iterator[tuple[str, SFTExample]]:
     """Yield `(source, example)` for every example with an assistant token; count records and skips in `counts`."""
     for source in data:
         counts.by_source.setdefault(source, 0)
-        for where, record in read_records(source, "sft data"):
+        for where, record in in_episode_order(read_records(source, "sft data")):
             counts.records += 1
             examples = [
                 e for e in record_examples(where, record, tokenizer, window) if any(e.completion_mask)

@@ -1,0 +1,36 @@
+"""The shipped quickstart recipe learns: a reduced budget of it, end to end (slow: ~10 minutes on 2 cores).
+
+The full budget's figures are in the README (regenerated from the run) and docs/quickstart.md."""
+
+from __future__ import annotations
+
+import json
+from statistics import mean
+
+import pytest
+from rich.console import Console
+
+from turnforge.pipeline import run_recipe
+from turnforge.recipes import load_recipe
+
+REDUCED = [
+    "stages.collect.tasks=2000",
+    "stages.sft.max_steps=500",
+    *(f"stages.{e}.tasks=60" for e in ("eval-base", "eval-sft", "eval-rft", "eval-grpo")),
+    "stages.rft.tasks=40",
+    "stages.grpo.steps=8",
+]
+
+
+@pytest.mark.slow
+def test_the_quickstart_recipe_on_a_reduced_budget_beats_the_base_model_and_grpo_reward_rises(tmp_path):
+    out = tmp_path / "qs"
+    summary = run_recipe(load_recipe("quickstart", overrides=REDUCED), out, console=Console(quiet=True))
+    base, sft = summary["eval"]["base"], summary["eval"]["sft"]
+    assert sft["success"] >= base["success"]
+    assert sft["mean_progress"] > base["mean_progress"] + 0.1, (base["mean_progress"], sft["mean_progress"])
+    grpo_dir = out / summary["stages"]["grpo"]["dir"]
+    rewards = [json.loads(line)["reward"] for line in (grpo_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rewards) == 8
+    quarter = len(rewards) // 4
+    assert mean(rewards[-quarter:]) > mean(rewards[:quarter]), rewards
