@@ -152,3 +152,14 @@ def test_an_envs_own_prompt_assistant_turns_carry_no_loss(tokenizer):
         assert masked_spans(tokenizer, example) == [turn.text + "<|im_end|>" for turn in traj.turns]
         [example_exact] = trajectory_examples(traj_exact, tokenizer)
         assert example_exact == example
+
+
+def test_trajectory_records_train_in_episode_order_whatever_order_they_finished_in():
+    from turnforge.data.sft import in_episode_order
+
+    finished = [("f:1", {"task_id": "t2", "sample": 0, "turns": []}), ("f:2", {"task_id": "t1", "sample": 1, "turns": []}),
+                ("f:3", {"task_id": "t1", "sample": 0, "turns": []})]
+    assert [w for w, _ in in_episode_order(finished)] == ["f:3", "f:2", "f:1"]
+    assert [w for w, _ in in_episode_order(reversed(finished))] == ["f:3", "f:2", "f:1"]
+    conversations = [("c:1", {"messages": [2]}), ("c:2", {"messages": [1]})]
+    assert in_episode_order(conversations) == conversations  # records without an episode key keep their order

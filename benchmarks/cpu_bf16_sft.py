@@ -1,0 +1,78 @@
+"""SFT step time and memory on a CPU: float32 vs bf16 autocast (padded to 128, as turnforge does) vs bf16 unpadded.
+
+The quickstart's setting: the tiny model, 8 household expert episodes a step (~580 tokens each), TRL's SFTTrainer.
+One run times the three modes on the same data in turn; memory is the process's resident size after the steps
+(each mode in its own process, so one's caches do not count against another's).
+
+    .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = {
+    "float32": {"bf16": False},
+    "bf16, padded to 128": {"bf16": True},
+    "bf16, unpadded": {"bf16": True, "pad_to_multiple_of": None},
+}
+
+
+def child(mode: str, steps: int, work: Path) -> None:
+    from turnforge.envs.base import load_tasks, make_env
+    from turnforge.models import load_model
+    from turnforge.models.tiny import build_tiny_model
+    from turnforge.policies.scripted import ExpertPolicy
+    from turnforge.rollout import run_episodes
+    from turnforge.train.settings import SFTSettings
+    from turnforge.train.sft import build_dataset, build_trainer
+
+    options = {"grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0, "max_steps": 30}
+    model_dir, data = work / "tiny", work / "episodes.jsonl"
+    if not model_dir.exists():
+        build_tiny_model(model_dir)
+    if not data.exists():
+        tasks = load_tasks("household", "train", limit=400, **options)
+        trajs = run_episodes(ExpertPolicy(), lambda: make_env("household", **options), tasks, 1)
+        data.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
+    trl = dict(MODES[mode])  # an explicit pad_to_multiple_of (None: unpadded) wins over turnforge's 128
+    settings = SFTSettings(max_steps=steps, learning_rate=3e-3, batch_size=8, max_length=1024, logging_steps=10_000, trl=trl)
+    lm, tokenizer = load_model(str(model_dir), dtype="float32", device="cpu")
+    dataset, _ = build_dataset([str(data)], tokenizer, settings)
+    trainer = build_trainer(lm, tokenizer, dataset, work / mode.replace(" ", "_").replace(",", ""), settings)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = (time.perf_counter() - start) / steps
+    rss_gb = int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**30
+    print(json.dumps({"mode": mode, "s_per_step": seconds, "rss_gb": rss_gb}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.steps, Path(args.work))
+        return
+    with tempfile.TemporaryDirectory() as work:
+        rows = []
+        for mode in MODES:
+            out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps), "--work", work],
+                                 capture_output=True, text=True, check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    base = rows[0]["s_per_step"]
+    print("| mode | s / step | vs float32 | resident GB after the steps |\n|---|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['mode']} | {row['s_per_step']:.3f} | {base / row['s_per_step']:.2f}x | {row['rss_gb']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
