@@ -308,7 +308,7 @@ def results_table(run_dir: str | Path) -> str:
         done = stages.get(stage.id)
         if stage.kind != "eval" or done is None or "summary" not in done["result"]:
             continue
-        summary = json.loads(run.path(done["result"]["summary"]).read_text(encoding="utf-8"))
+        summary = run.summary["eval"][run.path(done["result"]["summary"]).parent.name]
         source = recipe.model_source(index)
         if source is None:
             label, trained = f"untrained {run.summary['model']}", "–"
