@@ -191,3 +191,28 @@ def test_prefix_cache_is_used_only_for_a_proper_prefix():
     small = PrefixCache(max_bytes=10)
     small.store("ep", Entry([1], [(torch.zeros(4), torch.zeros(4))]))  # 32 bytes: over budget, not kept
     assert small.entries == {}
+
+
+def test_reserved_cache_layer_matches_transformers_dynamic_cache(policy):
+    """Keys/values written in place into a reserved buffer give the logits of transformers' own DynamicCache,
+    also when a call outgrows the reserve (the buffer doubles), and the cache reports its true length."""
+    from transformers import DynamicCache
+
+    from turnforge.policies.prefix_cache import reserved_cache
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, policy.model.config.vocab_size - 30, (2, 23))
+    outs = {}
+    for name, cache in (("dynamic", DynamicCache(config=policy.model.config)),
+                        ("reserved", reserved_cache(policy.model.config, reserve=4))):
+        logits = []
+        with torch.no_grad():
+            for start, end in ((0, 9), (9, 10), (10, 11), (11, 23)):  # a prefill, two decode steps, a long chunk
+                out = policy.model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
+                logits.append(out.logits)
+        assert cache.get_seq_length() == 23
+        outs[name] = torch.cat(logits, dim=1)
+    assert torch.allclose(outs["dynamic"], outs["reserved"], atol=1e-5)
+    layer = reserved_cache(policy.model.config, reserve=4).layers[0]
+    with pytest.raises(NotImplementedError, match="only grows"):
+        layer.crop(-1)

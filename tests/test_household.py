@@ -249,3 +249,39 @@ def test_explorer_expert_solves_every_type_by_searching(knobs):
             result = env.step(env.expert_reply())
         solved[task.category] += result.stop is StopReason.success
     assert solved == Counter({k: 100 for k in TASK_TYPES})
+
+
+def test_thoughts_goal_restates_the_goal_before_every_expert_action():
+    """`thoughts=goal`: every expert reply is `THOUGHT: <the goal, one canonical line>` + the same ACTION the
+    expert writes without thoughts; the format reads the action back; a format with no thought is refused."""
+    from turnforge.policies.base import Prompt
+    from turnforge.policies.scripted import ExpertPolicy
+
+    expected = {
+        "pick_heat_then_place_in_recep": "heat a apple, then put it in countertop.",
+        "look_at_obj_in_light": "examine the apple with the desklamp.",
+        "pick_two_obj_and_place": "put two apple in countertop.",
+        "pick_and_place_simple": "put a apple in countertop.",
+    }
+    games = {
+        "pick_heat_then_place_in_recep": _scene(),
+        "look_at_obj_in_light": _scene("look_at_obj_in_light", None, toggle="DeskLamp", receptacle=None),
+        "pick_two_obj_and_place": _scene("pick_two_obj_and_place", None, count=2),
+        "pick_and_place_simple": _scene("pick_and_place_simple", None),
+    }
+    for kind, game in games.items():
+        task = Task(id=kind, env="household", split="test", category=kind, data=game)
+        plain, thinking = make_env("household", expert="explorer"), make_env("household", expert="explorer", thoughts="goal")
+        plain.reset(task), thinking.reset(task)
+        for turn in range(3):
+            prompt = Prompt(messages=[], task=task, sample=0, turn=turn, env=thinking)
+            text = ExpertPolicy().generate([prompt], None)[0].text
+            action = plain.expert_reply()
+            assert text == f"THOUGHT: {expected[kind]}\nACTION: {action.content}"
+            parsed = thinking.format.parse(text)
+            assert parsed.content == action.content
+            plain.step(action), thinking.step(parsed)
+    with pytest.raises(ValueError, match="tool_call format has no place for a thought"):
+        make_env("household", thoughts="goal", format="tool_call")
+    with pytest.raises(ValueError, match="thoughts"):
+        make_env("household", thoughts="plan")

@@ -130,7 +130,9 @@ class HFPolicy:
         pad = self.tokenizer.pad_token_id
         input_ids, attention_mask, width_cached, width_suffix = batch_layout(prompts, cached, pad, self.device)
         entries = [cache.entries[k] if n else None for k, n in zip(keys, cached, strict=True)] if cache else []
-        past = batch_cache(entries, cached, width_cached, self.model.config, input_ids) if any(cached) else None
+        # Room for the suffix and the reply: generating then writes each new position in place.
+        reserve = width_suffix + params.max_new_tokens
+        past = batch_cache(entries, cached, width_cached if any(cached) else 0, self.model.config, input_ids, reserve)
         recorder = SampledLogprobs()
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,

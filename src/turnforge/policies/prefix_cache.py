@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, tokens, head_dim]
 
@@ -80,12 +81,67 @@ def batch_layout(
     return torch.tensor(rows, device=device), torch.tensor(masks, device=device), width_cached, width_suffix
 
 
-def batch_cache(entries: list[Entry | None], cached: list[int], width: int, config, like: torch.Tensor) -> DynamicCache | None:
-    """A DynamicCache of `width` positions: row i's entry right-aligned, zeros (masked) before it."""
-    if width == 0:
-        return None
-    n_layers = len(next(e for e in entries if e is not None).layers)
+class ReservedLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values are views of a buffer with room for `reserve` more positions.
+
+    transformers' DynamicLayer appends each generated token with `torch.cat`, which copies the whole cache every
+    step (~28 % of a CPU evaluation of the tiny model); here a step writes one position in place. The buffer
+    doubles if a call outgrows it. Only appending is supported (no beam search, no cropping): what
+    `HFPolicy.generate` does.
+    """
+
+    def __init__(self, reserve: int) -> None:
+        super().__init__()
+        self.reserve = reserve
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if not self.is_initialized or end > self._keys.shape[-2]:
+            self._grow(key_states, end)
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+    def _grow(self, like: torch.Tensor, end: int) -> None:
+        room = max(end + self.reserve, 2 * self.length)
+        keys = like.new_zeros(like.shape[0], like.shape[1], room, like.shape[3])
+        values = torch.zeros_like(keys)
+        if self.is_initialized:
+            keys[:, :, : self.length] = self._keys[:, :, : self.length]
+            values[:, :, : self.length] = self._values[:, :, : self.length]
+        self.dtype, self.device, self.is_initialized = like.dtype, like.device, True
+        self._keys, self._values = keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a ReservedLayer cache only grows (HFPolicy's generate never crops)")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("a ReservedLayer cache keeps its rows (HFPolicy's generate never drops one)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("a ReservedLayer cache keeps its rows (no beam search in HFPolicy)")
+
+
+def reserved_cache(config, reserve: int) -> DynamicCache:
+    """An empty DynamicCache of `ReservedLayer`s (one per decoder layer of `config`)."""
     cache = DynamicCache(config=config)
+    cache.layers = [ReservedLayer(reserve) for _ in cache.layers]
+    return cache
+
+
+def batch_cache(entries: list[Entry | None], cached: list[int], width: int, config, like: torch.Tensor,
+                reserve: int = 0) -> DynamicCache:
+    """A cache of `width` positions (room for `reserve` more): row i's entry right-aligned, zeros (masked) before it."""
+    cache = reserved_cache(config, reserve)
+    if width == 0:
+        return cache
+    n_layers = len(next(e for e in entries if e is not None).layers)
     for layer in range(n_layers):
         template = next(e for e in entries if e is not None).layers[layer][0]
         heads, dim = template.shape[0], template.shape[2]

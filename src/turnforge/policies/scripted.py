@@ -60,7 +60,14 @@ class ExpertPolicy:
                 f"env {getattr(env, 'name', type(env).__name__)!r} has no expert (no expert_reply()); "
                 "use --policy random or replay:FILE"
             )
-        return _ask_env(prompt, self.name, lambda: Generation(text=env.format.render(env.expert_reply())))
+        def reply() -> Generation:
+            # An env may annotate its expert's actions (`expert_thought()`): the format writes it as its thought.
+            thought = env.expert_thought() if hasattr(env, "expert_thought") else None
+            action = env.expert_reply()
+            text = env.format.render(action) if thought is None else env.format.render(action, thought=thought)
+            return Generation(text=text)
+
+        return _ask_env(prompt, self.name, reply)
 
 
 class RandomPolicy:

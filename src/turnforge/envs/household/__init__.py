@@ -49,6 +49,8 @@ SPEC = register_env(
             EnvOption("max_steps", int, 50, "steps before the episode ends (max_turns)", at_least=1),
             EnvOption("expert", str, "oracle", "scripted solver: oracle (knows where things are) or explorer "
                       "(searches like an agent; learnable by imitation)", ("oracle", "explorer")),
+            EnvOption("thoughts", str, "none", "what the expert writes as its THOUGHT before each action: none, or "
+                      "goal (the goal restated in one canonical line)", ("none", "goal")),
             EnvOption("seed", int, 0, "generator seed of the task splits"),
             EnvOption("step_delay_ms", int, 0, "each step sleeps this long: stands in for a slow env (a sandbox, "
                       "a simulated user) in benchmarks and tests of the rollout engine", at_least=0),

@@ -14,12 +14,13 @@ the goal object, nor is the goal receptacle, the transform appliance or a place 
 
 from __future__ import annotations
 
+import inspect
 import time
 
 from turnforge.envs.household.catalog import TRANSFORM_APPLIANCE, TRANSFORM_STATE, is_plausible
 from turnforge.envs.household.engine import NOTHING, Check, World
 from turnforge.envs.household.expert import expert_plan
-from turnforge.envs.household.explorer import Explorer
+from turnforge.envs.household.explorer import Explorer, goal_thought
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
 from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
@@ -87,6 +88,7 @@ class HouseholdEnv:
         format: str = "act_line",
         max_steps: int = 50,
         expert: str = "oracle",
+        thoughts: str = "none",
         step_delay_ms: int = 0,
         **_generation_options,
     ):
@@ -98,6 +100,11 @@ class HouseholdEnv:
         if expert not in ("oracle", "explorer"):
             raise ValueError(f"expert must be 'oracle' or 'explorer', got {expert!r}")
         self.expert = expert
+        if thoughts not in ("none", "goal"):
+            raise ValueError(f"thoughts must be 'none' or 'goal', got {thoughts!r}")
+        if thoughts != "none" and "thought" not in inspect.signature(self.format.render).parameters:
+            raise ValueError(f"thoughts={thoughts!r}: the {self.format.name} format has no place for a thought")
+        self.thoughts = thoughts
         if step_delay_ms < 0:
             raise ValueError(f"step_delay_ms must be >= 0, got {step_delay_ms}")
         self.step_delay_s = step_delay_ms / 1000
@@ -182,6 +189,10 @@ class HouseholdEnv:
 
     def action_message(self, action: str) -> Message:
         return action_message(self.format, action)
+
+    def expert_thought(self) -> str | None:
+        """The THOUGHT the expert writes before its next action (`thoughts=goal`: the goal restated), or None."""
+        return goal_thought(self.world.goal) if self.thoughts == "goal" else None
 
     def expert_reply(self) -> Message:
         if self.expert == "explorer":

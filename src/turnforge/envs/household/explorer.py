@@ -85,6 +85,23 @@ class Explorer:
         return "look"
 
 
+def goal_thought(goal: dict) -> str:
+    """The goal restated in one canonical line (the `thoughts=goal` expert writes it before every action).
+
+    The task sentence comes in several phrasings ("put a hot egg in countertop", "heat some egg and put it in
+    countertop"); restated the same way each turn, the goal sits a few dozen tokens before each decision
+    instead of at the start of the episode, where a small model must look it up across the whole history.
+    """
+    obj = goal["object"].lower()
+    if goal["toggle"]:
+        return f"examine the {obj} with the {goal['toggle'].lower()}."
+    what = f"two {obj}" if goal["count"] == 2 else f"a {obj}"
+    rec = goal["receptacle"].lower()
+    if goal["transform"]:
+        return f"{goal['transform']} {what}, then put it in {rec}."
+    return f"put {what} in {rec}."
+
+
 def _first_of_type(w: World, rtype: str) -> Receptacle:
     return next(r for r in w.receptacles.values() if r.type == rtype)
 
