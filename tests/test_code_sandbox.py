@@ -126,6 +126,22 @@ def test_background_process_does_not_outlive_the_call(pool):
     assert pool.run("import os; print(os.path.exists('/dev/shm/alive'))").stdout == "False\n"
 
 
+def test_the_next_calls_child_is_out_of_reach_of_the_call_before():
+    """The next call's child is forked while a call runs and waits as root until its order: a call that tries to
+    kill it (a sibling in /proc), and then every process it may signal, leaves the next call on that worker whole."""
+    with SandboxPool(size=1) as one:
+        _needs_namespaces(one)
+        code = ("import os, signal, time\ntime.sleep(0.3)  # (the spare is waiting by then)\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n"
+                "    try:\n        fields = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
+                "    except OSError:\n        continue\n"
+                "    if int(fields[1]) == os.getppid() and int(pid) != os.getpid():\n"
+                "        try:\n            os.kill(int(pid), signal.SIGKILL)\n"
+                "        except PermissionError:\n            print('refused')\n"
+                "os.kill(-1, signal.SIGKILL)\nprint('done')")
+        assert one.run(code).stdout == "refused\ndone\n"
+        _healthy(one)
+
+
 def test_100_mb_of_output_is_truncated(pool):
     r = pool.run("import sys\nfor _ in range(100): sys.stdout.write('x' * 1024 * 1024)")
     assert r.truncated and len(r.stdout) == pool.limits.max_output_bytes and not r.timed_out

@@ -161,13 +161,15 @@ def _child(ctl_r: int, out_w: int, err_w: int, cfg: dict) -> None:
         # SIGPIPE stays ignored, as Python sets it at start-up (and subprocess resets it for what it execs).
         for limit, value in cfg["limits"]:
             resource.setrlimit(limit, value)
-        _become_sandbox_user(cfg["uid"])
-        if cfg["block_network"]:
-            _block_sockets()
+        # Forked while the previous call may still run: it waits as root (out of reach of that call's uid and of
+        # its kill rounds) and takes the slot uid only once its order comes, i.e. once all of that call is dead.
         order = _read_to_eof(0)  # the call's CPU seconds, once main.py and .stdin are written
         if not order:
             status = 0
             return  # the worker went away (or closes) without a call
+        _become_sandbox_user(cfg["uid"])
+        if cfg["block_network"]:
+            _block_sockets()
         os.chdir(cfg["workdir"])  # made by the worker after this child was forked
         cpu = int(order)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL 1 s later
@@ -235,21 +237,21 @@ def _block_sockets() -> None:
     sys.addaudithook(hook)
 
 
-def _kill_uid(uid: int | None, pgid: int) -> None:
+def _kill_uid(uid: int | None, pgid: int, spare: int, children: str) -> None:
     """Kill everything the run started: all processes of the slot uid (or its process group without one).
 
     A helper that becomes the slot uid calls kill(-1, SIGKILL): every process of that uid, wherever it went
     (setsid, double fork). Run by the forker: every process of the uid descends from it (only root can become
-    the uid, and the forker is the child subreaper: orphans come back to it), so "no child left" means "none
-    of the uid left" — rounds of kill + reap go on until then (kill(-1) cannot say it, it succeeds while any
-    exists; a /proc scan for the uid said it at ~0.15 ms a call).
+    the uid, and the forker is the child subreaper: orphans come back to it), so "no child left but the spare"
+    (the next call's child, still root) means "none of the uid left" — rounds of kill + reap go on until then
+    (kill(-1) cannot say it, it succeeds while any exists; a /proc scan for the uid said it at ~0.15 ms a call).
     """
     if uid is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         return
     for _ in range(200):
-        if not _reap():
+        if not _reap(spare, children):
             return
         helper = os.fork()
         if helper == 0:
@@ -264,15 +266,23 @@ def _kill_uid(uid: int | None, pgid: int) -> None:
         time.sleep(0.002)
 
 
-def _reap() -> bool:
-    """Collect dead children and the orphans that came to this process; True while any child is still alive."""
+def _reap(spare: int, children: str) -> bool:
+    """Collect dead children and the orphans that came to this process; True while a child other than `spare`
+    (pid 0: none) is still alive. `children`: this process's /proc children file (its live children's pids)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return False
         if pid == 0:
-            return True
+            break
+    if not spare:
+        return True
+    fd = os.open(children, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096).split() != [b"%d" % spare]
+    finally:
+        os.close(fd)
 
 
 def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
@@ -288,17 +298,24 @@ def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
     return False, len(chunk) > room
 
 
+def _receive(forker: socket.socket) -> tuple[bytes, list[int]]:
+    """One message of the forker: a word (`r` at start, else the last call's wait status) and the next call's
+    child's pidfd, order pipe and output pipes."""
+    word, fds, _, _ = socket.recv_fds(forker, 32, 4)
+    if not word or len(fds) != 4:
+        _forker_gone()
+    return word, fds
+
+
 class _Ready:
     """A child forked ahead of its call by the forker, waiting on `ctl` for the order to run (no dataclasses:
     its import would grow the process every call's fork copies)."""
 
-    def __init__(self, forker: socket.socket) -> None:
+    def __init__(self, forker: socket.socket, fds: list[int]) -> None:
         self.forker = forker
-        _, fds, _, _ = socket.recv_fds(forker, 16, 4)
-        if len(fds) != 4:
-            _forker_gone()
         self.pidfd, self.ctl, self.out_r, self.err_r = fds
         self.status: int | None = None  # its wait status, once the forker has reaped it and all of the uid
+        self.next_fds: list[int] = []  # the next call's child, which comes with that status
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -307,19 +324,25 @@ class _Ready:
     def reap(self) -> int:
         """Its wait status, from the forker once the child and every other process of the uid are gone."""
         if self.status is None:
-            data = self.forker.recv(32)
-            if not data:
-                _forker_gone()
-            self.status = int(data)
+            word, self.next_fds = _receive(self.forker)
+            self.status = int(word)
         return self.status
+
+    def successor(self) -> _Ready:
+        """The next call's child, once this one is reaped (`reap`)."""
+        return _Ready(self.forker, self.next_fds)
 
     def discard(self) -> None:
         """Kill and reap it (wherever it is: waiting, running, gone) and close our ends of its pipes."""
         self.kill()
         self.reap()
-        for fd in (self.ctl, self.out_r, self.err_r, self.pidfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _close_all((self.ctl, self.out_r, self.err_r, self.pidfd))
+
+
+def _close_all(fds) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _forker_gone() -> None:
@@ -335,49 +358,67 @@ def _forker(sock: socket.socket, cfg: dict) -> None:
     costs it a page fault (~2 us here): the worker's own bookkeeping between two calls cost ~130 faults. The
     forker does next to nothing between forks; it is the parent of each call's child and the child subreaper
     of what the child leaves, so it reaps them and kills every process of the uid before it reports the
-    child's wait status. Per call it sends the worker the next child's pidfd, order pipe and output pipes
-    (forked as soon as the previous call has ended: no round trip), then, once the child and all of the uid
-    are gone, its wait status; it ends when the worker does (its sends fail).
+    child's wait status. The next call's child (the *spare*) is forked while a call runs, off its path; it
+    waits as root until its order. Per call, once the child and all of the uid are gone, it sends the worker
+    the child's wait status with the spare's pidfd, order pipe and output pipes (one message); it ends when
+    the worker does (its sends fail). Where /proc gives no children file (no way to tell the spare from what
+    a call left) and in `rlimits` mode, the spare is forked after the call instead.
     """
     with contextlib.suppress(OSError, AttributeError):
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
+    children = f"/proc/self/task/{os.getpid()}/children"
+    # (Not in rlimits mode: a call there runs as the forker's own uid and could kill a spare waiting beside it.)
+    early = cfg["uid"] is not None and os.path.exists(children)
+    spare = 0
     try:
+        pid, fds = _fork_child(cfg)
+        _hand_over(sock, b"r", fds)
         while True:
-            ctl_r, ctl_w = os.pipe()
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                _child(ctl_r, out_w, err_w, cfg)
-            pidfd = os.pidfd_open(pid)
-            fds = (ctl_r, ctl_w, out_r, out_w, err_r, err_w, pidfd)
-            try:
-                socket.send_fds(sock, [b"c"], [pidfd, ctl_w, out_r, err_r])
-            finally:  # (a child left without its order pipe reads EOF and ends)
-                for fd in fds:
-                    os.close(fd)
+            spare, spare_fds = _fork_child(cfg) if early else (0, [])
             status = os.waitpid(pid, 0)[1]
-            _kill_uid(cfg["uid"], pid)  # background processes and escapes die with the run
-            _reap()
-            sock.send(b"%d" % status)
+            _kill_uid(cfg["uid"], pid, spare, children)  # background processes and escapes die with the run
+            _reap(spare, children)
+            pid, fds = (spare, spare_fds) if spare else _fork_child(cfg)
+            _hand_over(sock, b"%d" % status, fds)
     finally:  # the worker is gone
         if cfg["uid"] is not None:
-            _kill_uid(cfg["uid"], 0)
+            _kill_uid(cfg["uid"], 0, spare, children)
         os._exit(0)
 
 
-def prepare(cfg: dict) -> _Ready:
-    """Off the request path (after the previous reply): a fresh working directory and the next call's child.
+def _fork_child(cfg: dict) -> tuple[int, list[int]]:
+    """Fork a call's child (see `_child`); its pid and the worker's ends: pidfd, order pipe, output pipes."""
+    ctl_r, ctl_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _child(ctl_r, out_w, err_w, cfg)
+    for fd in (ctl_r, out_w, err_w):
+        os.close(fd)
+    return pid, [os.pidfd_open(pid), ctl_w, out_r, err_r]
 
-    The child (forked by the forker once the previous call's processes were all dead) takes its limits and
-    the slot uid and then blocks until `run_one` orders it to run; nothing of the uid runs but it, and it
-    runs no submitted code yet.
+
+def _hand_over(sock: socket.socket, word: bytes, fds: list[int]) -> None:
+    """Send the worker `word` and a child's fds, then close ours (a child left without its order pipe reads
+    EOF and ends)."""
+    try:
+        socket.send_fds(sock, [word], fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def prepare(cfg: dict) -> None:
+    """Off the request path (after the previous reply): a fresh working directory for the next call.
+
+    Its child (forked by the forker, with its limits, root until its order) blocks until `run_one` orders it
+    to run; nothing of the uid runs by then (the forker has killed all of it), and it runs no submitted code yet.
     """
     _clear_private_dirs(cfg)
     os.mkdir(cfg["workdir"], mode=0o700)
     if cfg["uid"] is not None:
         os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
-    return _Ready(cfg["forker"])
 
 
 def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
@@ -390,6 +431,7 @@ def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
         start = time.monotonic()
         os.write(ready.ctl, str(cpu).encode())
         os.close(ready.ctl)  # EOF: the child starts
+        ready.ctl = -1  # (its number may soon name one of the spare's fds, which must not be closed with it)
         result = _watch(ready, start + timeout, cfg)
         result["wall_s"] = round(time.monotonic() - start, 4)
         return result
@@ -508,24 +550,29 @@ def serve(cfg: dict) -> None:
         out.close()
         _forker(forker_end, cfg)
     forker_end.close()
-    ready = prepare(cfg)
+    ready = _Ready(cfg["forker"], _receive(cfg["forker"])[1])
+    prepare(cfg)
+    prepared = True
     hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
     print(json.dumps(hello), file=out, flush=True)
     for line in requests:
         request = json.loads(line)
         try:
-            ready = ready or prepare(cfg)  # (a preparation that failed after the last reply is retried here)
+            if not prepared:  # (a preparation that failed after the last reply is retried here)
+                prepare(cfg)
             result = run_one(request, ready, cfg)
         except Exception as e:  # the worker's own failure, reported as the call's error
             result = {"stdout": "", "stderr": f"sandbox error: {type(e).__name__}: {e}", "exit_code": -1,
                       "timed_out": False, "killed": False, "truncated": False, "wall_s": 0.0}
-        ready = None
+        if ready.status is not None:  # it ran (or was killed): the next call takes the spare that came with it
+            ready = ready.successor()
+        prepared = False
         print(json.dumps(result), file=out, flush=True)
-        # The next call's directory and child, while the caller reads this reply.
-        with contextlib.suppress(Exception):
-            ready = prepare(cfg)
-    if ready:
-        ready.discard()
+        with contextlib.suppress(Exception):  # the next call's directory, while the caller reads this reply
+            prepare(cfg)
+            prepared = True
+    ready.discard()
+    _close_all(ready.next_fds)
     cfg["forker"].close()
     os.waitpid(forker, 0)
 
