@@ -124,7 +124,7 @@ class _Worker:
         command = [sys.executable, WORKER_SCRIPT, json.dumps(cfg)]
         if mode == "namespaces":
             command = ["unshare", "--net", "--mount", "--propagation", "private", "--", *command]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1", "LD_BIND_NOW": "1"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"}
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
         hello = self._read_line(time.monotonic() + START_TIMEOUT_S)

@@ -1,19 +1,19 @@
 """One sandbox worker: a pre-started Python process whose calls each run in a fresh forked child.
 
-Started by `sandbox.SandboxPool` as `python .../sandbox_worker.py CONFIG_JSON` (a file of the standard library's
-imports only: its memory is what every call's fork copies), under `unshare --net --mount` when the host
-allows it (see docs/security.md). It reads one JSON request per line on stdin and writes one JSON result per
-line on stdout. Once set up (mounts, environment cleared to SAFE_ENV, sys streams for the children, PRELOAD
-imported, the parser warmed) it forks a *forker* (`_forker`): the pristine process every call's child is
-forked from. Neither the worker nor the forker ever runs submitted code. Per call:
+Started by `sandbox.SandboxPool` as `python .../sandbox_worker.py CONFIG_JSON`, under `unshare --net --mount`
+when the host allows it (see docs/security.md). It reads one JSON request per line on stdin and writes one
+JSON result per line on stdout. Once set up (mounts, environment cleared to SAFE_ENV) it starts the *forker*
+(sandbox_forker.py, a fresh lean interpreter): the pristine process every call's child is forked from.
+Neither the worker nor the forker ever runs submitted code. Per call:
 
-1. as soon as the previous call has ended, the forker forks the next child, which starts a new session,
-   takes the limits (RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0), drops to the
-   slot uid (no groups, no capabilities) and waits; after its reply the worker clears its private /tmp (a
-   tmpfs of its own mount namespace) and makes the run's directory there, owned by the slot uid, mode 0700;
+1. while the previous call runs, the forker forks the next child, which starts a new session, takes the
+   limits (RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0) and waits, as root; after
+   its reply the worker clears its private /tmp (a tmpfs of its own mount namespace) and makes the run's
+   directory there, owned by the slot uid, mode 0700;
 2. on the request the worker writes main.py and the stdin file and sends the child the call's CPU seconds
-   (RLIMIT_CPU); the child runs the code as `__main__` — a copy-on-write copy of a clean interpreter, so a
-   call costs a fork, not an interpreter start, and nothing from one call reaches the next;
+   (RLIMIT_CPU); the child drops to the slot uid (no groups, no capabilities) and runs the code as
+   `__main__` — a copy-on-write copy of a clean interpreter, so a call costs a fork, not an interpreter
+   start, and nothing from one call reaches the next;
 3. the worker reads the child's stdout/stderr pipes (keeping the first `max_output_bytes` of each,
    draining and dropping the rest) until the forker reports the end, or kills the child at the deadline;
 4. the forker, parent of the child and child subreaper of what it leaves, reaps it and kills every process
@@ -25,25 +25,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 import json
 import os
-import resource
 import select
 import shutil
 import signal
 import socket
 import sys
 import time
-import traceback
 
+FORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_forker.py")
 PR_SET_CHILD_SUBREAPER = 36
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable dirs
-# Imported once by the worker, so a call that imports it gets it for nothing (a child's own `import math`
-# costs 0.5-2 ms here: the path search and dlopen); model-written math code imports it most. Each module the
-# worker holds makes every call's fork a little dearer (heapq, bisect, fractions, string, random, statistics
-# too: +20-50 page faults, +40-100 us a call), so only math (and what the worker needs: json, re, ...).
-PRELOAD = ("math",)
 STDIN_FILE = ".stdin"  # the call's stdin, in its working directory until the child opens it
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 
@@ -120,171 +113,6 @@ def _read_only_elsewhere() -> list[str]:
     return failed
 
 
-def _limits(cfg: dict) -> list[tuple[int, tuple[int, int]]]:
-    """The rlimits of every call but its CPU time (set once the call's timeout is known), computed once."""
-    mem = cfg["memory_bytes"]
-    limits = [
-        (resource.RLIMIT_AS, (mem, mem)),
-        (resource.RLIMIT_FSIZE, (cfg["file_bytes"], cfg["file_bytes"])),
-        (resource.RLIMIT_NOFILE, (cfg["open_files"], cfg["open_files"])),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ]
-    if cfg["uid"] is not None:
-        # Counted per uid: the slot uid belongs to this worker alone, so the limit is this run's.
-        limits.append((resource.RLIMIT_NPROC, (cfg["processes"], cfg["processes"])))
-    return limits
-
-
-def _become_sandbox_user(uid: int | None) -> None:
-    if uid is None:
-        return
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-
-
-def _child(ctl_r: int, out_w: int, err_w: int, cfg: dict) -> None:
-    """In the child forked ahead of its call: limits and identity, then wait for the call and run its code
-    (main.py of the working directory) as __main__. Never returns.
-
-    Every Python object the child touches costs a copy-on-write page fault, so it does as little as it can:
-    sys.stdin/stdout/stderr are the worker's own (made for the children and never used by the worker, see
-    `_child_streams`), and only the descriptors under them change here.
-    """
-    status = 1
-    try:
-        os.setsid()
-        os.dup2(ctl_r, 0)  # the worker's order, until the call's stdin replaces it
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.closerange(3, 65536)
-        # SIGPIPE stays ignored, as Python sets it at start-up (and subprocess resets it for what it execs).
-        for limit, value in cfg["limits"]:
-            resource.setrlimit(limit, value)
-        # Forked while the previous call may still run: it waits as root (out of reach of that call's uid and of
-        # its kill rounds) and takes the slot uid only once its order comes, i.e. once all of that call is dead.
-        order = _read_to_eof(0)  # the call's CPU seconds, once main.py and .stdin are written
-        if not order:
-            status = 0
-            return  # the worker went away (or closes) without a call
-        _become_sandbox_user(cfg["uid"])
-        if cfg["block_network"]:
-            _block_sockets()
-        os.chdir(cfg["workdir"])  # made by the worker after this child was forked
-        cpu = int(order)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL 1 s later
-        stdin_fd = os.open(STDIN_FILE, os.O_RDONLY)
-        os.unlink(STDIN_FILE)
-        os.dup2(stdin_fd, 0)
-        os.close(stdin_fd)
-        main_fd = os.open("main.py", os.O_RDONLY)
-        code = _read_to_eof(main_fd).decode("utf-8", "surrogatepass")
-        os.close(main_fd)
-        sys.path[0] = cfg["workdir"]
-        namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
-        try:
-            exec(compile(code, "main.py", "exec"), namespace)
-            status = 0
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if e.code is not None and not isinstance(e.code, int):
-                print(e.code, file=sys.stderr)
-        except BaseException as e:  # the program's own error: its traceback (from main.py on) is its output
-            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-            status = 1
-        _flush()  # what the main thread printed survives a thread that runs into the time limit
-        if "threading" in sys.modules:  # as at interpreter exit: wait for the program's non-daemon threads
-            sys.modules["threading"]._shutdown()
-        _flush()
-    finally:
-        os._exit(status & 0xFF if isinstance(status, int) else 1)
-
-
-def _child_streams() -> tuple:
-    """Set sys.stdin/stdout/stderr up for the children (on fds 0-2, which each child points at its call's
-    stdin file and output pipes) and return the worker's own request reader and reply writer (copies of
-    fds 0 and 1). The worker never reads or writes the sys streams, so every child gets them empty."""
-    requests = open(os.dup(0), "rb")  # noqa: SIM115
-    replies = open(os.dup(1), "w", encoding="utf-8")  # noqa: SIM115
-    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    # Line-buffered: what a program printed before it ran into a limit (and was killed) is not lost.
-    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    sys.argv = ["main.py"]
-    return requests, replies
-
-
-def _read_to_eof(fd: int) -> bytes:
-    data = b""
-    while chunk := os.read(fd, 65536):
-        data += chunk
-    return data
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-
-
-def _block_sockets() -> None:
-    """Fallback where no network namespace exists: refuse socket creation through an audit hook."""
-
-    def hook(event: str, args: tuple) -> None:
-        if event in {"socket.__new__", "socket.connect", "socket.bind"}:
-            raise PermissionError("network access is disabled in the sandbox")
-
-    sys.addaudithook(hook)
-
-
-def _kill_uid(uid: int | None, pgid: int, spare: int, children: str) -> None:
-    """Kill everything the run started: all processes of the slot uid (or its process group without one).
-
-    A helper that becomes the slot uid calls kill(-1, SIGKILL): every process of that uid, wherever it went
-    (setsid, double fork). Run by the forker: every process of the uid descends from it (only root can become
-    the uid, and the forker is the child subreaper: orphans come back to it), so "no child left but the spare"
-    (the next call's child, still root) means "none of the uid left" — rounds of kill + reap go on until then
-    (kill(-1) cannot say it, it succeeds while any exists; a /proc scan for the uid said it at ~0.15 ms a call).
-    """
-    if uid is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        return
-    for _ in range(200):
-        if not _reap(spare, children):
-            return
-        helper = os.fork()
-        if helper == 0:
-            try:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-                os.kill(-1, signal.SIGKILL)  # every process of this uid but the helper itself
-            finally:
-                os._exit(0)
-        os.waitpid(helper, 0)
-        time.sleep(0.002)
-
-
-def _reap(spare: int, children: str) -> bool:
-    """Collect dead children and the orphans that came to this process; True while a child other than `spare`
-    (pid 0: none) is still alive. `children`: this process's /proc children file (its live children's pids)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid == 0:
-            break
-    if not spare:
-        return True
-    fd = os.open(children, os.O_RDONLY)
-    try:
-        return os.read(fd, 4096).split() != [b"%d" % spare]
-    finally:
-        os.close(fd)
-
-
 def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
     """Read what is there; returns (eof, dropped_something)."""
     try:
@@ -348,65 +176,6 @@ def _close_all(fds) -> None:
 def _forker_gone() -> None:
     """The forker died (only root can kill it): this worker cannot go on; the pool replaces a dead worker."""
     os._exit(70)
-
-
-def _forker(sock: socket.socket, cfg: dict) -> None:
-    """The process every call's child is forked from, forked once from the worker when it is set up. Never
-    returns.
-
-    After a fork, every page of the forking process is shared copy-on-write, so each page it then writes
-    costs it a page fault (~2 us here): the worker's own bookkeeping between two calls cost ~130 faults. The
-    forker does next to nothing between forks; it is the parent of each call's child and the child subreaper
-    of what the child leaves, so it reaps them and kills every process of the uid before it reports the
-    child's wait status. The next call's child (the *spare*) is forked while a call runs, off its path; it
-    waits as root until its order. Per call, once the child and all of the uid are gone, it sends the worker
-    the child's wait status with the spare's pidfd, order pipe and output pipes (one message); it ends when
-    the worker does (its sends fail). Where /proc gives no children file (no way to tell the spare from what
-    a call left) and in `rlimits` mode, the spare is forked after the call instead.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to us to be reaped
-    children = f"/proc/self/task/{os.getpid()}/children"
-    # (Not in rlimits mode: a call there runs as the forker's own uid and could kill a spare waiting beside it.)
-    early = cfg["uid"] is not None and os.path.exists(children)
-    spare = 0
-    try:
-        pid, fds = _fork_child(cfg)
-        _hand_over(sock, b"r", fds)
-        while True:
-            spare, spare_fds = _fork_child(cfg) if early else (0, [])
-            status = os.waitpid(pid, 0)[1]
-            _kill_uid(cfg["uid"], pid, spare, children)  # background processes and escapes die with the run
-            _reap(spare, children)
-            pid, fds = (spare, spare_fds) if spare else _fork_child(cfg)
-            _hand_over(sock, b"%d" % status, fds)
-    finally:  # the worker is gone
-        if cfg["uid"] is not None:
-            _kill_uid(cfg["uid"], 0, spare, children)
-        os._exit(0)
-
-
-def _fork_child(cfg: dict) -> tuple[int, list[int]]:
-    """Fork a call's child (see `_child`); its pid and the worker's ends: pidfd, order pipe, output pipes."""
-    ctl_r, ctl_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _child(ctl_r, out_w, err_w, cfg)
-    for fd in (ctl_r, out_w, err_w):
-        os.close(fd)
-    return pid, [os.pidfd_open(pid), ctl_w, out_r, err_r]
-
-
-def _hand_over(sock: socket.socket, word: bytes, fds: list[int]) -> None:
-    """Send the worker `word` and a child's fds, then close ours (a child left without its order pipe reads
-    EOF and ends)."""
-    try:
-        socket.send_fds(sock, [word], fds)
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def prepare(cfg: dict) -> None:
@@ -519,8 +288,37 @@ def _clear_private_dirs(cfg: dict) -> None:
                     os.unlink(path)
 
 
+def _start_forker(cfg: dict, source: str) -> tuple[socket.socket, int]:
+    """Start the forker as a fresh interpreter in this worker's namespaces (not a fork of this worker: each
+    module held by the process every call's fork copies costs every call); its socket and pid. `source`:
+    sandbox_forker.py, read before the mounts (which may hide where it lies, /tmp for one)."""
+    sock, end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    keys = ("uid", "memory_bytes", "file_bytes", "open_files", "processes", "block_network", "workdir")
+    argv = [sys.executable, "-c", source, json.dumps({**{k: cfg[k] for k in keys}, "socket_fd": 3,
+                                                      "stdin_file": STDIN_FILE})]
+    # LD_BIND_NOW: every symbol bound once in the forker, not on first use in each child (a copied GOT page and
+    # a symbol lookup per call); the forker drops it from the children's environment.
+    env = {**os.environ, "LD_BIND_NOW": "1"}
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a run come back to it (kept by exec)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # (the children's stdin/out/err point at their call's files and pipes)
+                os.dup2(null, fd)
+            os.dup2(end.fileno(), 3)
+            os.set_inheritable(3, True)
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    end.close()
+    return sock, pid
+
+
 def serve(cfg: dict) -> None:
     """The worker's loop: one JSON request per stdin line, one JSON result per stdout line."""
+    with open(FORKER_SCRIPT, encoding="utf-8") as f:
+        forker_source = f.read()
     if cfg["private_tmp"]:
         cfg["private_tmp"] = _private_tmpfs(cfg["tmpfs_mb"])
         if cfg["private_tmp"]:
@@ -531,31 +329,16 @@ def serve(cfg: dict) -> None:
     os.chdir("/")
     # What every child inherits, set once here: only SAFE_ENV and the run's directory as HOME and TMPDIR.
     cfg["workdir"] = os.path.join(cfg["run_root"], "run")
-    cfg["limits"] = _limits(cfg)
     cfg["private_dirs"] = [path for path in PRIVATE_DIRS if os.path.isdir(path)]
     os.environ.clear()
     os.environ.update(SAFE_ENV, HOME=cfg["workdir"], TMPDIR=cfg["workdir"])
-    # The first compile() in a process costs ~1.2 ms (the parser's lazy set-up): paid here once, not per call.
-    compile("print(sum(range(3)))", "warm-up", "exec")
-    own_dir = sys.path.pop(0)  # (this file's directory: none of its modules may stand in for a standard one)
-    for name in PRELOAD:
-        importlib.import_module(name)
-    sys.path.insert(0, own_dir)
-    requests, out = _child_streams()
-    cfg["forker"], forker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    forker = os.fork()
-    if forker == 0:
-        cfg["forker"].close()
-        requests.close()
-        out.close()
-        _forker(forker_end, cfg)
-    forker_end.close()
+    cfg["forker"], forker = _start_forker(cfg, forker_source)
     ready = _Ready(cfg["forker"], _receive(cfg["forker"])[1])
     prepare(cfg)
     prepared = True
     hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
-    print(json.dumps(hello), file=out, flush=True)
-    for line in requests:
+    print(json.dumps(hello), flush=True)
+    for line in sys.stdin.buffer:
         request = json.loads(line)
         try:
             if not prepared:  # (a preparation that failed after the last reply is retried here)
@@ -567,7 +350,7 @@ def serve(cfg: dict) -> None:
         if ready.status is not None:  # it ran (or was killed): the next call takes the spare that came with it
             ready = ready.successor()
         prepared = False
-        print(json.dumps(result), file=out, flush=True)
+        print(json.dumps(result), flush=True)
         with contextlib.suppress(Exception):  # the next call's directory, while the caller reads this reply
             prepare(cfg)
             prepared = True
