@@ -22,6 +22,7 @@ import contextlib
 import gc
 import importlib
 import json
+import linecache
 import os
 import resource
 import sys
@@ -74,8 +75,9 @@ def _child(ctl_r: int, out_w: int, err_w: int, cfg: dict) -> None:
     (main.py of the working directory) as __main__. Never returns.
 
     Every Python object the child touches costs a copy-on-write page fault, so it does as little as it can:
-    sys.stdin/stdout/stderr are the worker's own (made for the children and never used by the worker, see
-    `_child_streams`), and only the descriptors under them change here.
+    sys.stdin/stdout/stderr are the forker's own (made for the children and never used by the forker, see
+    `_child_streams`), and only the descriptors under them change here. Its order is the call's CPU seconds,
+    and ` stdin` when the worker wrote a stdin file; without one, stdin stays the order pipe, at its end.
     """
     status = 1
     try:
@@ -89,7 +91,7 @@ def _child(ctl_r: int, out_w: int, err_w: int, cfg: dict) -> None:
             resource.setrlimit(limit, value)
         # Forked while the previous call may still run: it waits as root (out of reach of that call's uid and of
         # its kill rounds) and takes the slot uid only once its order comes, i.e. once all of that call is dead.
-        order = _read_to_eof(0)  # the call's CPU seconds, once main.py and .stdin are written
+        order = _read_to_eof(0)  # sent once main.py (and the stdin file) are written
         if not order:
             status = 0
             return  # the worker went away (or closes) without a call
@@ -97,12 +99,13 @@ def _child(ctl_r: int, out_w: int, err_w: int, cfg: dict) -> None:
         if cfg["block_network"]:
             _block_sockets()
         os.chdir(cfg["workdir"])  # made by the worker after this child was forked
-        cpu = int(order)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL 1 s later
-        stdin_fd = os.open(cfg["stdin_file"], os.O_RDONLY)
-        os.unlink(cfg["stdin_file"])
-        os.dup2(stdin_fd, 0)
-        os.close(stdin_fd)
+        cpu, _, stdin = order.partition(b" ")
+        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 1))  # SIGXCPU at the soft limit, SIGKILL 1 s later
+        if stdin:
+            stdin_fd = os.open(cfg["stdin_file"], os.O_RDONLY)
+            os.unlink(cfg["stdin_file"])
+            os.dup2(stdin_fd, 0)
+            os.close(stdin_fd)
         main_fd = os.open("main.py", os.O_RDONLY)
         code = _read_to_eof(main_fd).decode("utf-8", "surrogatepass")
         os.close(main_fd)
@@ -277,7 +280,11 @@ def main(cfg: dict) -> None:
         importlib.import_module(name)
     sys.path.insert(0, own_dir)  # (each child puts its working directory there)
     _child_streams()
+    # As a file would be: its traceback then shows the failing line and its carets (ast, imported by traceback
+    # for them, is then held too: a first traceback in a child cost ~2.5 ms).
+    linecache.cache["warm-up"] = (len(WARM_UP), None, WARM_UP.splitlines(True), "warm-up")
     _run_main(WARM_UP, "warm-up")  # (its output goes to /dev/null)
+    linecache.clearcache()
     gc.collect()
     _forker(_socket.socket(fileno=cfg["socket_fd"]), cfg)
 

@@ -115,10 +115,7 @@ def _read_only_elsewhere() -> list[str]:
 
 def _read_some(fd: int, kept: bytearray, cap: int) -> tuple[bool, bool]:
     """Read what is there; returns (eof, dropped_something)."""
-    try:
-        chunk = os.read(fd, 65536)
-    except BlockingIOError:
-        return False, False
+    chunk = os.read(fd, 65536)
     if not chunk:
         return True, False
     room = cap - len(kept)
@@ -193,12 +190,14 @@ def prepare(cfg: dict) -> None:
 def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
     """Run one request's code in the prepared child; always returns a result (the child is gone after)."""
     try:
-        _write_file(os.path.join(cfg["workdir"], "main.py"), request["code"].encode("utf-8", "surrogatepass"), cfg)
-        _write_file(os.path.join(cfg["workdir"], STDIN_FILE), (request.get("stdin") or "").encode("utf-8", "replace"), cfg)
         timeout = float(request.get("timeout") or cfg["timeout_s"])
-        cpu = max(1, int(min(cfg["cpu_s"], timeout) + 0.999))  # whole seconds: RLIMIT_CPU's unit
+        _write_file(os.path.join(cfg["workdir"], "main.py"), request["code"].encode("utf-8", "surrogatepass"), cfg)
+        order = b"%d" % max(1, int(min(cfg["cpu_s"], timeout) + 0.999))  # whole CPU seconds: RLIMIT_CPU's unit
+        if request.get("stdin"):  # (without it, the child's stdin is its order pipe, at its end: empty)
+            _write_file(os.path.join(cfg["workdir"], STDIN_FILE), request["stdin"].encode("utf-8", "replace"), cfg)
+            order += b" stdin"
         start = time.monotonic()
-        os.write(ready.ctl, str(cpu).encode())
+        os.write(ready.ctl, order)
         os.close(ready.ctl)  # EOF: the child starts
         ready.ctl = -1  # (its number may soon name one of the spare's fds, which must not be closed with it)
         result = _watch(ready, start + timeout, cfg)
@@ -209,8 +208,7 @@ def run_one(request: dict, ready: _Ready, cfg: dict) -> dict:
 
 
 def _write_file(path: str, data: bytes, cfg: dict) -> None:
-    """A file of the call's, owned by its uid (raw os calls: each Python object the worker touches after a
-    fork costs it a page fault)."""
+    """A file of the call's, owned by its uid."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         view = memoryview(data)
@@ -229,9 +227,7 @@ def _watch(ready: _Ready, deadline: float, cfg: dict) -> dict:
     cap = cfg["max_output_bytes"]
     out, err = bytearray(), bytearray()
     truncated = timed_out = False
-    open_fds = {out_r: out, err_r: err}
-    for fd in open_fds:
-        os.set_blocking(fd, False)
+    open_fds = {out_r: out, err_r: err}  # (read only when select says so: a read of a readable pipe never blocks)
     exited = False
     while not exited:
         left = deadline - time.monotonic()
