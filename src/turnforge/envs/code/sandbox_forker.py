@@ -197,7 +197,6 @@ def _forker(sock: _socket.socket, cfg: dict) -> None:
             spare, spare_fds = _fork_child(cfg) if early else (0, [])
             status = os.waitpid(pid, 0)[1]
             _kill_uid(cfg["uid"], pid, spare, children)  # background processes and escapes die with the run
-            _reap(spare, children)
             pid, fds = (spare, spare_fds) if spare else _fork_child(cfg)
             _hand_over(sock, b"%d" % status, fds)
     finally:  # the worker is gone
@@ -241,6 +240,7 @@ def _kill_uid(uid: int | None, pgid: int, spare: int, children: str) -> None:
     if uid is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, SIGKILL)
+        _reap(spare, children)
         return
     for _ in range(200):
         if not _reap(spare, children):
