@@ -159,8 +159,9 @@ class _Ready:
 
     def discard(self) -> None:
         """Kill and reap it (wherever it is: waiting, running, gone) and close our ends of its pipes."""
-        self.kill()
-        self.reap()
+        if self.status is None:  # (once reaped it is gone: no signal, no ProcessLookupError to catch)
+            self.kill()
+            self.reap()
         _close_all((self.ctl, self.out_r, self.err_r, self.pidfd))
 
 
