@@ -34,3 +34,37 @@ def test_the_quickstart_recipe_on_a_reduced_budget_beats_the_base_model_and_grpo
     assert len(rewards) == 8
     quarter = len(rewards) // 4
     assert mean(rewards[-quarter:]) > mean(rewards[:quarter]), rewards
+
+
+TINY = [
+    "stages.collect.tasks=200",
+    "stages.sft.max_steps=12",
+    *(f"stages.{e}.tasks=8" for e in ("eval-base", "eval-sft", "eval-rft", "eval-grpo")),
+    "stages.rft.tasks=4",
+    "stages.rft.train.max_steps=2",
+    "stages.grpo.steps=2",
+]
+
+
+def _eval_episodes(out, summary) -> dict[str, list]:
+    """Each evaluation's episodes (task, sample, every message), in file order."""
+    episodes = {}
+    for name in summary["eval"]:
+        lines = (out / "eval" / name / "episodes.jsonl").read_text().splitlines()
+        episodes[name] = [(e["task_id"], e["sample"], e["messages"]) for e in map(json.loads, lines)]
+    return episodes
+
+
+@pytest.mark.slow
+def test_the_quickstart_recipe_run_twice_gives_the_same_table_and_episodes(tmp_path):
+    """Determinism on a CPU: the same recipe and seeds, run twice, give the same results (the README's table)
+    and the same evaluation episodes, message for message (a tiny budget of the shipped recipe, ~4 minutes)."""
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        summary = run_recipe(load_recipe("quickstart", overrides=TINY), out, console=Console(quiet=True))
+        table = {k: (v["success"], v["mean_progress"], v["n_episodes"]) for k, v in summary["eval"].items()}
+        runs.append((table, _eval_episodes(out, summary)))
+    assert set(runs[0][0]) == {"base", "sft", "rft", "grpo"}
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == runs[1][1]
