@@ -132,7 +132,7 @@ class HFPolicy:
         entries = [cache.entries[k] if n else None for k, n in zip(keys, cached, strict=True)] if cache else []
         # Room for the suffix and the reply: generating then writes each new position in place.
         reserve = width_suffix + params.max_new_tokens
-        past = batch_cache(entries, cached, width_cached if any(cached) else 0, self.model.config, input_ids, reserve)
+        past = batch_cache(entries, cached, width_cached, self.model.config, input_ids, reserve)
         recorder = SampledLogprobs()
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,

@@ -101,6 +101,21 @@ class ReservedLayer(DynamicLayer):
             self._grow(key_states, end)
         self._keys[:, :, self.length : end] = key_states
         self._values[:, :, self.length : end] = value_states
+        return self._advance(end)
+
+    def prefill(self, rows: list[tuple[torch.Tensor, torch.Tensor] | None], width: int, like: torch.Tensor) -> None:
+        """Start as `width` positions: row i's (keys, values) right-aligned, zeros (masked) before it; written
+        straight into the buffer (no `width`-sized tensor copied in a second time)."""
+        template = next(r for r in rows if r is not None)[0]
+        self._grow(template.new_empty(len(rows), template.shape[0], 0, template.shape[2], device=like.device), width)
+        for i, row in enumerate(rows):
+            if row is not None:
+                n = row[0].shape[-2]
+                self._keys[i, :, width - n : width] = row[0]
+                self._values[i, :, width - n : width] = row[1]
+        self._advance(width)
+
+    def _advance(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.length = end
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
         return self.keys, self.values
@@ -141,17 +156,8 @@ def batch_cache(entries: list[Entry | None], cached: list[int], width: int, conf
     cache = reserved_cache(config, reserve)
     if width == 0:
         return cache
-    n_layers = len(next(e for e in entries if e is not None).layers)
-    for layer in range(n_layers):
-        template = next(e for e in entries if e is not None).layers[layer][0]
-        heads, dim = template.shape[0], template.shape[2]
-        keys = torch.zeros(len(entries), heads, width, dim, dtype=template.dtype, device=like.device)
-        values = torch.zeros_like(keys)
-        for i, (entry, n) in enumerate(zip(entries, cached, strict=True)):
-            if n:
-                keys[i, :, width - n :] = entry.layers[layer][0]
-                values[i, :, width - n :] = entry.layers[layer][1]
-        cache.update(keys, values, layer)
+    for index, layer in enumerate(cache.layers):
+        layer.prefill([entry.layers[index] if n else None for entry, n in zip(entries, cached, strict=True)], width, like)
     return cache
 
 
