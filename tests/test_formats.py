@@ -95,6 +95,25 @@ def test_act_line_rejects(text, reason):
     assert "ACTION: <command>" in act_line.error_observation(error)
 
 
+def test_a_thought_is_written_where_the_format_has_a_place_for_it_and_refused_where_not():
+    """tool_call: the thought is the free text before the call (it parses back as the content); bfcl_python
+    replies are the call list alone (a thought is a ValueError), and the plain-text wrapper says what its
+    inner format says."""
+    from turnforge.formats.plain_text import PlainTextEndsTurn
+
+    tool_call = get_format("tool_call")
+    call = Message("assistant", "", tool_calls=[ToolCall("act", {"action": "go to fridge 1"})])
+    text = tool_call.render(call, thought="Apples are cold.")
+    assert text == 'Apples are cold.\n<tool_call>\n{"name": "act", "arguments": {"action": "go to fridge 1"}}\n</tool_call>'
+    assert tool_call.parse(text) == Message("assistant", "Apples are cold.", tool_calls=call.tool_calls)
+    assert tool_call.render(call) == tool_call.render(call, thought=None)
+    bfcl = get_format("bfcl_python")
+    assert (tool_call.thoughts, bfcl.thoughts, PlainTextEndsTurn(tool_call).thoughts) == (True, False, True)
+    with pytest.raises(ValueError, match="no place for a thought"):
+        bfcl.render(call, thought="Cold.")
+    assert PlainTextEndsTurn(tool_call).render(call, thought="Apples are cold.") == text
+
+
 def test_act_line_renders_a_thought_for_scripted_policies():
     text = act_line.render(assistant("go to fridge 1"), thought="Apples are cold.")
     assert text == "THOUGHT: Apples are cold.\nACTION: go to fridge 1"

@@ -253,7 +253,8 @@ def test_explorer_expert_solves_every_type_by_searching(knobs):
 
 def test_thoughts_goal_restates_the_goal_before_every_expert_action():
     """`thoughts=goal`: every expert reply is `THOUGHT: <the goal, one canonical line>` + the same ACTION the
-    expert writes without thoughts; the format reads the action back; a format with no thought is refused."""
+    expert writes without thoughts; the format reads the action back; a format with no place for a thought is
+    refused."""
     from turnforge.policies.base import Prompt
     from turnforge.policies.scripted import ExpertPolicy
 
@@ -281,7 +282,15 @@ def test_thoughts_goal_restates_the_goal_before_every_expert_action():
             parsed = thinking.format.parse(text)
             assert parsed.content == action.content
             plain.step(action), thinking.step(parsed)
-    with pytest.raises(ValueError, match="tool_call format has no place for a thought"):
-        make_env("household", thoughts="goal", format="tool_call")
+    # A tool format writes the thought as the free text before its call; the call is the action.
+    task = Task(id="heat", env="household", split="test", category="pick_heat_then_place_in_recep", data=_scene())
+    plain = make_env("household", expert="explorer", format="tool_call")
+    tools = make_env("household", expert="explorer", thoughts="goal", format="tool_call")
+    plain.reset(task), tools.reset(task)
+    text = ExpertPolicy().generate([Prompt(messages=[], task=task, sample=0, turn=0, env=tools)], None)[0].text
+    assert text.startswith("heat a apple, then put it in countertop.\n<tool_call>\n"), text
+    assert tools.format.parse(text).tool_calls == plain.expert_reply().tool_calls
+    with pytest.raises(ValueError, match="bfcl_python format has no place for a thought"):
+        make_env("household", thoughts="goal", format="bfcl_python")
     with pytest.raises(ValueError, match="thoughts"):
         make_env("household", thoughts="plan")

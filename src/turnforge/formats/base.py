@@ -38,9 +38,15 @@ class Format(Protocol):
         """Model text -> parsed assistant Message, or FormatError. Never raises."""
         ...
 
-    def render(self, message: Message) -> str:
-        """Parsed assistant Message -> text in this format."""
+    def render(self, message: Message, *, thought: str | None = None) -> str:
+        """Parsed assistant Message -> text in this format; `thought` (a scripted policy's note, e.g. the
+        household expert's restated goal) is written before the action where the format has a place for it
+        (`thoughts`), and is a ValueError where it has none."""
         ...
+
+    thoughts: bool
+    """True when `render` can write a thought before the action (text formats' THOUGHT line, the free text
+    before a tool call); False where a reply is the action alone."""
 
     def error_observation(self, error: FormatError) -> str:
         """What the agent is told when its reply could not be parsed."""
@@ -63,6 +69,7 @@ class TextActions:
     """Formats whose actions are text: the action is the message content, observations are user turns."""
 
     uses_tools = False
+    thoughts = True
 
     def action(self, tool: str, arguments: dict, text: str) -> Message:
         return Message("assistant", text)
@@ -75,6 +82,7 @@ class ToolActions:
     """Formats whose actions are tool calls: observations are `tool` messages answering the call."""
 
     uses_tools = True
+    thoughts = True
 
     def action(self, tool: str, arguments: dict, text: str) -> Message:
         return Message("assistant", "", tool_calls=[ToolCall(tool, dict(arguments))])

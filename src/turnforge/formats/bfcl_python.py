@@ -107,6 +107,7 @@ class BfclPythonFormat:
 
     name = "bfcl_python"
     uses_tools = False
+    thoughts = False  # a reply is the call list alone: text around it makes it a plain answer
 
     def action(self, tool: str, arguments: dict, text: str) -> Message:
         return Message("assistant", "", tool_calls=[ToolCall(tool, dict(arguments))])
@@ -136,8 +137,10 @@ class BfclPythonFormat:
             return FormatError(reason=calls, text=text) if bracketed else Message("assistant", text.strip())
         return Message(role="assistant", content="", tool_calls=calls or None)
 
-    def render(self, message: Message) -> str:
+    def render(self, message: Message, *, thought: str | None = None) -> str:
         """`[f(a=1), g(b='x')]` for a message with calls, else its text."""
+        if thought is not None:
+            raise ValueError("the bfcl_python format has no place for a thought (a reply is the call list alone)")
         if not message.tool_calls:
             return message.content
         calls = ", ".join(

@@ -20,7 +20,7 @@ class PlainTextEndsTurn:
         if not marker:
             raise ValueError(f"format {inner.name!r} has no call_marker; it cannot tell plain text from a call")
         self.inner, self.marker, self.name = inner, marker, inner.name
-        self.uses_tools = inner.uses_tools
+        self.uses_tools, self.thoughts = inner.uses_tools, inner.thoughts
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         return self.inner.system_prompt(tools)
@@ -30,8 +30,8 @@ class PlainTextEndsTurn:
             return Message(role="assistant", content=text.strip())
         return self.inner.parse(text)
 
-    def render(self, message: Message) -> str:
-        return self.inner.render(message)
+    def render(self, message: Message, *, thought: str | None = None) -> str:
+        return self.inner.render(message, thought=thought)
 
     def error_observation(self, error: FormatError) -> str:
         return self.inner.error_observation(error)

@@ -184,13 +184,14 @@ class ToolCallFormat(ToolActions):
         content = text[: blocks[0].start()].strip()
         return ToolCallParse(Message(role="assistant", content=content, tool_calls=calls), fixes)
 
-    def render(self, message: Message) -> str:
-        """Exactly what Qwen3's chat template writes for this assistant message."""
+    def render(self, message: Message, *, thought: str | None = None) -> str:
+        """Exactly what Qwen3's chat template writes for this assistant message; a `thought` is free text before
+        the calls (it parses back as the message's content)."""
         blocks = [
             f"{OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE}"
             for c in message.tool_calls or []
         ]
-        return "\n".join(([message.content] if message.content else []) + blocks)
+        return "\n".join([text for text in (thought, message.content) if text] + blocks)
 
     def error_observation(self, error: FormatError) -> str:
         return (

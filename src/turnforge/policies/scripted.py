@@ -64,8 +64,7 @@ class ExpertPolicy:
             # An env may annotate its expert's actions (`expert_thought()`): the format writes it as its thought.
             thought = env.expert_thought() if hasattr(env, "expert_thought") else None
             action = env.expert_reply()
-            text = env.format.render(action) if thought is None else env.format.render(action, thought=thought)
-            return Generation(text=text)
+            return Generation(text=env.format.render(action, thought=thought))
 
         return _ask_env(prompt, self.name, reply)
 

@@ -14,7 +14,6 @@ the goal object, nor is the goal receptacle, the transform appliance or a place 
 
 from __future__ import annotations
 
-import inspect
 import time
 
 from turnforge.envs.household.catalog import TRANSFORM_APPLIANCE, TRANSFORM_STATE, is_plausible
@@ -102,7 +101,7 @@ class HouseholdEnv:
         self.expert = expert
         if thoughts not in ("none", "goal"):
             raise ValueError(f"thoughts must be 'none' or 'goal', got {thoughts!r}")
-        if thoughts != "none" and "thought" not in inspect.signature(self.format.render).parameters:
+        if thoughts != "none" and not self.format.thoughts:
             raise ValueError(f"thoughts={thoughts!r}: the {self.format.name} format has no place for a thought")
         self.thoughts = thoughts
         if step_delay_ms < 0:
