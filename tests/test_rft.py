@@ -33,6 +33,19 @@ def test_keeps_successes_dedupes_and_prefers_short_ones():
     assert report["tasks"] == 2 and report["tasks_kept"] == 1
 
 
+def test_skip_solved_keeps_only_tasks_the_model_does_not_always_solve():
+    eps = [
+        _ep("solved", ["a"], True, sample=0), _ep("solved", ["b"], True, sample=1),
+        _ep("mixed", ["c", "d"], True, sample=0), _ep("mixed", ["x"], False, sample=1),
+        _ep("single", ["e"], True),  # one sample says nothing about reliability: kept
+    ]
+    kept, report = select_rft(eps, keep="success", max_per_task=2, skip_solved=True)
+    assert [(t.task_id, t.sample) for t in kept] == [("mixed", 0), ("single", 0)]
+    assert (report["succeeded"], report["kept"], report["tasks_kept"]) == (4, 2, 2)
+    kept, _ = select_rft(eps, keep="success", max_per_task=2)
+    assert [t.task_id for t in kept] == ["solved", "solved", "mixed", "single"]
+
+
 def test_best_keeps_one_failed_episode_above_the_progress_bar():
     eps = [_ep("t2", ["y"], False, progress=0.9), _ep("t2", ["z"], False, progress=0.4, sample=1),
            _ep("t3", ["w"], False, progress=0.2)]

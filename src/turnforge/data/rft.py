@@ -29,11 +29,14 @@ def select_rft(
     keep: Literal["success", "best"] = "success",
     max_per_task: int = 2,
     min_progress: float = 0.5,
+    skip_solved: bool = False,
 ) -> tuple[list[Trajectory], dict[str, Any]]:
     """The episodes to fine-tune on, and the yield report (overall and per category).
 
     keep="success": successful episodes only. keep="best": also, for a task without a success, its single
-    best episode by progress when that progress is >= `min_progress`.
+    best episode by progress when that progress is >= `min_progress`. skip_solved: no episode of a task whose
+    samples (at least two) all succeeded — the model already does it; the filter DAPO's dynamic sampling
+    applies to GRPO groups.
     """
     if max_per_task < 1:
         raise ValueError(f"max_per_task must be at least 1, got {max_per_task}")
@@ -43,6 +46,8 @@ def select_rft(
     kept: list[Trajectory] = []
     for episodes in by_task.values():
         winners = [t for t in episodes if t.score.success]
+        if skip_solved and len(episodes) > 1 and len(winners) == len(episodes):
+            continue
         if not winners and keep == "best":
             best = max(episodes, key=lambda t: t.score.progress)
             winners = [best] if best.score.progress >= min_progress else []

@@ -52,6 +52,9 @@ class RFTStageConfig(RolloutStage, TrainStage):
     when that progress is at least `min_progress`."""
     min_progress: float = Field(default=0.5, ge=0.0, le=1.0)
     max_per_task: int = Field(default=2, ge=1)
+    skip_solved: bool = False
+    """Keep nothing of a task whose samples all succeeded (the model already does it): what is kept is then
+    where the model is still unreliable (DAPO's filter of zero-variance groups, applied to RFT)."""
     data: list[str] = Field(default_factory=list)
     """More training data mixed in (earlier collect stages, hf:DATASET, JSONL files), e.g. the SFT data."""
     train: dict[str, Any] = Field(default_factory=dict)
@@ -103,7 +106,7 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
     """Sample the episodes (resumable), keep the good ones in kept.jsonl: (summary, sampled, kept, yield report)."""
     sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx)
     episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
-    kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress)
+    kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress, stage.skip_solved)
     if kept:
         (stage_dir / KEPT_FILE).write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
     return sampled, len(episodes), len(kept), report
