@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import pytest
@@ -121,13 +122,20 @@ def test_cut_generation():
     assert cut_generation([0, 7, 3, 4], stop_ids=[7], stop=["de"], decode=decode) == ([0, 7], "stop")
 
 
-def test_sampling_is_seeded(tiny_model_dir, policy, tasks):
-    params = SamplingParams(max_new_tokens=8, seed=5)
-    again = HFPolicy(str(tiny_model_dir), device="cpu")
-    first = [g.ids for g in HFPolicy(str(tiny_model_dir), device="cpu").generate(prompts_of(policy, tasks), params)]
-    assert first == [g.ids for g in again.generate(prompts_of(policy, tasks), params)]
-    # the next call draws anew
-    assert first != [g.ids for g in again.generate(prompts_of(policy, tasks), params)]
+def test_sampling_is_seeded_per_reply_whatever_shares_its_batch(tiny_model_dir, policy, tasks):
+    """A reply's draws follow from (seed, episode, turn, prompt): the same in another policy, alone or in a batch
+    in another order, after other calls; another sample index, turn or seed draws anew."""
+    params = SamplingParams(max_new_tokens=8, seed=5, top_k=50)
+    prompts = prompts_of(policy, tasks)
+    first = [g.ids for g in HFPolicy(str(tiny_model_dir), device="cpu").generate(prompts, params)]
+    again = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=2)
+    again.generate(prompts[:1], SamplingParams(max_new_tokens=3, seed=9))  # an unrelated call first
+    assert [g.ids for g in again.generate(prompts[::-1], params)][::-1] == first
+    assert [again.generate([p], params)[0].ids for p in prompts] == first
+    assert [g.ids for g in again.generate(prompts, params)] == first  # a repeated call: the same draws
+    resampled = [dataclasses.replace(p, sample=1) for p in prompts]
+    assert [g.ids for g in again.generate(resampled, params)] != first
+    assert [g.ids for g in again.generate(prompts, dataclasses.replace(params, seed=6))] != first
 
 
 def test_make_policy_hf_and_bad_params(tiny_model_dir, policy, tasks):
@@ -216,3 +224,14 @@ def test_reserved_cache_layer_matches_transformers_dynamic_cache(policy):
     layer = reserved_cache(policy.model.config, reserve=4).layers[0]
     with pytest.raises(NotImplementedError, match="only grows"):
         layer.crop(-1)
+
+
+def test_row_sampler_draws_from_the_softmax_of_the_scores():
+    """Gumbel-max per row: argmax(scores + noise) over 4,000 rows follows softmax(scores) = (0.7, 0.2, 0.1, 0);
+    a -inf score (cut by top-k / top-p) is never drawn."""
+    from turnforge.policies.hf import RowSampler
+
+    scores = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0]])).repeat(4000, 1)
+    drawn = RowSampler(list(range(4000)))(None, scores).argmax(dim=1)
+    share = torch.bincount(drawn, minlength=4).float() / 4000
+    assert share.tolist() == pytest.approx([0.7, 0.2, 0.1, 0.0], abs=0.025)

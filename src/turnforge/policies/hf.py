@@ -19,6 +19,7 @@ generation by a logits processor (one vocab-sized row per sequence alive, not th
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
@@ -91,7 +92,6 @@ class HFPolicy:
         eos = self.model.generation_config.eos_token_id
         extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.stop_ids = sorted({self.tokenizer.eos_token_id, *extra})
-        self._calls = 0
         self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_cache else None
 
     @property
@@ -105,14 +105,12 @@ class HFPolicy:
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
         keys = [(p.task.id, p.sample) if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
-        # A different seed per call: the same seed every round would replay the same random draws each turn.
-        torch.manual_seed(params.seed + self._calls)
-        self._calls += 1
+        seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: list[Generation | None] = [None] * len(ids)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
-            batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk])
+            batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk], [seeds[i] for i in chunk])
             for i, gen in zip(chunk, batch, strict=True):
                 out[i] = gen
         return out  # type: ignore[return-value]
@@ -122,7 +120,7 @@ class HFPolicy:
         if self.prefix_cache is not None:
             self.prefix_cache.forget(keys)
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list, seeds: list[int]) -> list[Generation]:
         if min(len(p) for p in prompts) == 0:
             raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
         cache = self.prefix_cache
@@ -134,9 +132,10 @@ class HFPolicy:
         reserve = width_suffix + params.max_new_tokens
         past = batch_cache(entries, cached, width_cached, self.model.config, input_ids, reserve)
         recorder = SampledLogprobs()
+        # Sampling is done by `RowSampler` (each row from its own generator), so generate itself decodes greedily.
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            do_sample=params.temperature > 0,
+            do_sample=False,
             eos_token_id=self.stop_ids,
             pad_token_id=pad,
             stop_strings=list(params.stop) or None,
@@ -148,7 +147,7 @@ class HFPolicy:
             attention_mask=attention_mask,
             past_key_values=past,
             generation_config=config,
-            logits_processor=_processors(params, recorder),
+            logits_processor=_processors(params, recorder, seeds),
             tokenizer=self.tokenizer if params.stop else None,
         )
         width = width_cached + width_suffix
@@ -250,8 +249,35 @@ class SampledLogprobs(LogitsProcessor):
         return torch.stack([*self.steps, last], dim=1).cpu()
 
 
-def _processors(params: SamplingParams, recorder: SampledLogprobs) -> LogitsProcessorList:
-    """Temperature, the log-prob recorder, then top-k and top-p (greedy: the recorder alone)."""
+def row_seed(seed: int, prompt: Prompt, ids: list[int]) -> int:
+    """The seed of one reply's random draws: the call's seed, the episode (task, sample), its turn and its prompt
+    ids, so that a reply's draws do not depend on which other prompts share its batch or on how many calls came
+    before (the rollout engine batches whichever episodes are waiting, which timing decides)."""
+    key = f"{seed}|{prompt.task.id}|{prompt.sample}|{prompt.turn}|{len(ids)}|{','.join(map(str, ids[-64:]))}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+class RowSampler(LogitsProcessor):
+    """Samples every row from its own generator (seeded by `row_seed`): the Gumbel-max trick, argmax(scores + G)
+    with G ~ Gumbel(0, 1) drawn per row, is a draw from softmax(scores); generate then decodes greedily. Last in
+    the list, after temperature and top-k / top-p (their -inf stays -inf). transformers samples the whole batch
+    from the one global generator instead, so a row's draw depended on its neighbours."""
+
+    def __init__(self, seeds: list[int]) -> None:
+        self.seeds = seeds
+        self.generators: list[torch.Generator] | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.generators is None:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        width = scores.shape[-1]
+        uniform = torch.stack([torch.rand(width, generator=g, device=scores.device) for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+        return scores.float() + gumbel
+
+
+def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[int]) -> LogitsProcessorList:
+    """Temperature, the log-prob recorder, top-k and top-p, then the per-row sampler (greedy: the recorder alone)."""
     if params.temperature == 0:
         return LogitsProcessorList([recorder])
     out: list[LogitsProcessor] = []
@@ -262,6 +288,7 @@ def _processors(params: SamplingParams, recorder: SampledLogprobs) -> LogitsProc
         out.append(TopKLogitsWarper(params.top_k))
     if params.top_p < 1.0:
         out.append(TopPLogitsWarper(params.top_p))
+    out.append(RowSampler(seeds))
     return LogitsProcessorList(out)
 
 

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import secrets
 import socket
 import threading
 import time
@@ -233,7 +234,9 @@ async def _complete(served: ServedModel, state: dict[str, Any], request: ChatReq
                        f"take {len(ids)} and max_tokens is {max_new}", "messages", "context_length_exceeded")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     params = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=max(request.top_k, 0),
-                            max_new_tokens=max_new, stop=stop, seed=request.seed or 0)
+                            max_new_tokens=max_new, stop=stop,
+                            # as OpenAI's: the same seed, the same sample; no seed, a fresh one per request
+                            seed=request.seed if request.seed is not None else secrets.randbits(62))
     keys = [first_key] + [(uuid.uuid4().hex, 0) for _ in range(request.n - 1)]
     gens = await _generate(state, [
         _ServedPrompt(messages=[], task=Task(key[0], "serve", "", ""), sample=key[1], turn=0, ids=ids,
