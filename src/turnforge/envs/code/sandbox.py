@@ -94,6 +94,23 @@ class RunResult:
         return asdict(self)
 
 
+# The world-writable dirs that namespaces isolation covers with a private tmpfs (sandbox_worker.PRIVATE_DIRS).
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
+def _check_interpreter_outside(private_dirs: tuple[str, ...]) -> None:
+    """The worker starts its forker with this interpreter after covering `private_dirs` with empty tmpfs: an
+    interpreter (a virtual environment) inside one would be gone by then (ValueError, saying what to do)."""
+    for path in (sys.executable, sys.prefix):
+        hidden = [d for d in private_dirs if path == d or path.startswith(d + "/")]
+        if hidden:
+            raise ValueError(
+                f"namespaces isolation covers {hidden[0]} with a private tmpfs, which hides this interpreter "
+                f"({path}); put the virtual environment outside {', '.join(private_dirs)}, or use "
+                "SandboxPool(isolation='rlimits') (weaker: docs/security.md)"
+            )
+
+
 @cache
 def isolation_mode() -> str:
     """`namespaces` where a root process can `unshare` network and mount namespaces, else `rlimits`."""
@@ -195,6 +212,8 @@ class SandboxPool:
             raise ValueError("namespaces isolation needs root and a working `unshare --net --mount` (docs/security.md)")
         self.limits = limits or SandboxLimits()
         self.isolation = isolation or isolation_mode()
+        if self.isolation == "namespaces":
+            _check_interpreter_outside(PRIVATE_DIRS)
         self.size = size
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._closed = False
