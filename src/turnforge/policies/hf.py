@@ -251,7 +251,7 @@ class SampledLogprobs(LogitsProcessor):
 
 def row_seed(seed: int, prompt: Prompt, ids: list[int]) -> int:
     """The seed of one reply's random draws: the call's seed, the episode (task, sample), its turn and its prompt
-    ids, so that a reply's draws do not depend on which other prompts share its batch or on how many calls came
+    (its length and last 64 ids: what tells apart prompts of the same turn, e.g. a DPO teacher's decision points), so that a reply's draws do not depend on which other prompts share its batch or on how many calls came
     before (the rollout engine batches whichever episodes are waiting, which timing decides)."""
     key = f"{seed}|{prompt.task.id}|{prompt.sample}|{prompt.turn}|{len(ids)}|{','.join(map(str, ids[-64:]))}"
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)

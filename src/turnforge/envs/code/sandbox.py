@@ -43,6 +43,9 @@ import time
 from dataclasses import asdict, dataclass
 from functools import cache
 
+# The world-writable dirs that namespaces isolation covers with a private tmpfs (the worker's own constant).
+from turnforge.envs.code.sandbox_worker import PRIVATE_DIRS
+
 # Run as a file, not `-m turnforge...`: importing the package (envs, policies, asyncio) would double the
 # worker's memory, and every call's fork and exit copy and free its page tables (~1 ms at 24 MB, ~0.35 at 10).
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
@@ -92,10 +95,6 @@ class RunResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-# The world-writable dirs that namespaces isolation covers with a private tmpfs (sandbox_worker.PRIVATE_DIRS).
-PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 
 def _check_interpreter_outside(private_dirs: tuple[str, ...]) -> None:

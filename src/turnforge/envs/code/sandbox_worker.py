@@ -36,7 +36,7 @@ import time
 
 FORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_forker.py")
 PR_SET_CHILD_SUBREAPER = 36
-PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable dirs (= sandbox.PRIVATE_DIRS)
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the usual world-writable dirs
 STDIN_FILE = ".stdin"  # the call's stdin, in its working directory until the child opens it
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 
