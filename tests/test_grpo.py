@@ -62,6 +62,9 @@ def test_settings_errors_name_the_field():
         GRPOSettings(num_generations=1)
     with pytest.raises(ValueError, match="micro_batch_size"):
         GRPOSettings(tasks_per_step=2, num_generations=3, micro_batch_size=4)
+    with pytest.raises(ValueError, match="step_discount"):
+        GRPOSettings(step_advantage_weight=1.0, step_discount=0.0)
+    assert "step_advantage_weight" not in GRPOSettings(step_advantage_weight=1.0).trl_kwargs()  # ours, not TRL's
     vllm = GRPOSettings(use_vllm=True, trl={"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:8000"})
     assert vllm.trl_kwargs()["use_vllm"] is True
     vllm.check_trl()  # TRL's own vLLM fields pass through
@@ -131,3 +134,100 @@ def test_dynamic_sampling_replaces_flat_groups(tiny_model_dir, tmp_path):
     run_grpo(str(tiny_model_dir), "household", ENV_OPTIONS, tasks, tmp_path, settings)
     (batch,) = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert batch["replaced_groups"] == 2 and batch["zero_variance_groups"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GiGPO's step-level credit (turnforge.train.step_credit)
+
+
+def _played(task_id: str, steps: list[tuple[str, str]], success: bool) -> Trajectory:
+    """An episode whose replies and observations are `steps`; each turn generates 2 ids, each observation 1."""
+    messages = [Message("system", "rules"), Message("user", "room")]
+    turns = []
+    for k, (reply, observation) in enumerate(steps):
+        messages += [Message("assistant", reply), Message("user", observation)]
+        turns.append(Turn(text=reply, generated_ids=[20 + k, 2], logprobs=[-0.1, -0.1], observation_ids=[9]))
+    return Trajectory(task_id, "e", "c", messages, turns, Score(success, float(success), float(success)),
+                      StopReason.success if success else StopReason.failure, prompt_ids=[1])
+
+
+def test_step_advantages_compare_turns_that_saw_the_same_observation():
+    from turnforge.train.step_credit import group_step_advantages, reply_states, reward_scale, token_values
+
+    fast = _played("t", [("go to desk", "On the desk, a pen."), ("take pen", "You take the pen.")], True)
+    slow = _played("t", [("go to desk", "On the desk, a pen."), ("take cup", "Nothing happens."),
+                         ("take pen", "You take the pen.")], True)
+    lost = _played("t", [("go to bed", "On the bed, nothing."), ("take pen", "Nothing happens."),
+                         ("look", "Nothing happens.")], False)
+    assert reply_states(slow) == ["rules\nroom", "On the desk, a pen.", "Nothing happens."]
+    # gamma 0.5. Returns: fast 0.5, 1 / slow 0.25, 0.5, 1 / lost 0, 0, 0.
+    # "rules\nroom" (3 first turns): mean 0.25 -> +0.25, 0, -0.25. "On the desk, a pen." (fast and slow): mean
+    # 0.75 -> +0.25, -0.25. "On the bed, nothing." (lost alone): 0. "Nothing happens." (the third turns of slow
+    # and lost): mean 0.5 -> +0.5, -0.5. The observation after an episode's last reply is no state.
+    rewards = [1.0, 1.0, 0.0]
+    assert group_step_advantages([fast, slow, lost], rewards, gamma=0.5) == [
+        [0.25, 0.25], [0.0, -0.25, 0.5], [-0.25, 0.0, -0.5],
+    ]
+    scale = reward_scale(rewards)  # the std TRL divides this group's episode advantages by (+1e-4)
+    assert scale == pytest.approx(0.57735 + 1e-4, abs=1e-5)
+    assert group_step_advantages([fast, slow, lost], rewards, 0.5, scale)[1][2] == pytest.approx(0.5 / scale)
+    assert reward_scale([1.0, 1.0]) == 1.0  # no spread: the step term stays in reward units
+    # Per token, on the completion episode_sequence builds: each turn's value on its ids, 0 on observations.
+    _, completion, mask, _ = episode_sequence(slow, 100)
+    values = token_values(slow, [0.0, -0.25, 0.5], 100)
+    assert len(values) == len(completion) and values == [0.0, 0.0, 0.0, -0.25, -0.25, 0.0, 0.5, 0.5]
+    assert all(v == 0.0 for v, m in zip(values, mask, strict=True) if m == 0)
+    assert token_values(slow, [0.0, -0.25, 0.5], 4) == values[:4]
+
+
+def test_step_credit_trainer_adds_the_step_term_to_each_token(household_sft_model_dir, tmp_path):
+    """TRL's batch carries (B, T) advantages: TRL's own episode advantage plus omega x the step term per token."""
+    from turnforge.train.grpo import COMPONENTS, StepCreditGRPOTrainer
+
+    model, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
+    options = {"format": "act_line", "max_steps": 4}
+    tasks = load_tasks("household", "train", limit=2, **options)
+    settings = GRPOSettings(steps=1, tasks_per_step=2, num_generations=3, max_new_tokens=12, temperature=1.0,
+                            step_advantage_weight=2.0, rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0})
+    captured: dict = {}
+
+    class Spy(EpisodeRollouts):
+        def __call__(self, prompts, trainer):
+            out = super().__call__(prompts, trainer)
+            captured.update(out, steps=self.step_advantages)
+            return out
+
+    rollouts = Spy("household", options, tasks, tokenizer, settings)
+    trainer = StepCreditGRPOTrainer(
+        model=model, reward_funcs=[component_reward(n) for n in COMPONENTS], args=grpo_config(tmp_path, settings),
+        train_dataset=task_dataset("household", options, tasks), processing_class=tokenizer, rollout_func=rollouts,
+    )
+    rows = [task_dataset("household", options, tasks)[i] for i in (0, 0, 0, 1, 1, 1)]
+    batch = trainer._generate_and_score_completions(rows)
+    advantages = batch["advantages"]
+    assert advantages.shape == batch["completion_ids"].shape
+    assert rollouts.step_advantages is None  # taken by the trainer: never applied to another batch
+    weights = settings.rewards.as_dict()
+    totals = torch.tensor([sum(weights[n] * captured[f"reward_{n}"][i] for n in COMPONENTS) for i in range(6)])
+    groups = totals.view(2, 3)
+    episode = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).flatten()
+    assert episode.abs().sum() > 0, "sampled episodes should differ in format / TCR within a group"
+    varied = 0
+    for i, steps in enumerate(captured["steps"]):
+        expected = episode[i] + 2.0 * torch.tensor(steps)
+        assert torch.allclose(advantages[i, : len(steps)], expected, atol=1e-5)
+        assert torch.allclose(advantages[i, len(steps):], episode[i].expand(advantages.shape[1] - len(steps)))
+        varied += len(set(steps)) > 1
+    assert varied > 0, "some episode's turns must get different step advantages"
+
+
+def test_two_step_credit_grpo_steps_change_every_parameter(household_sft_model_dir, tmp_path):
+    tasks = load_tasks("household", "train", limit=4, **ENV_OPTIONS)
+    settings = GRPOSettings(steps=2, tasks_per_step=2, num_generations=4, max_new_tokens=12, learning_rate=1e-2,
+                            step_advantage_weight=1.0, rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0})
+    result = run_grpo(str(household_sft_model_dir), "household", ENV_OPTIONS, tasks, tmp_path, settings)
+    assert result["steps"] == 2
+    before, _ = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
+    after, _ = load_model(str(tmp_path / "model"), dtype="float32", device="cpu")
+    trained = dict(after.named_parameters())
+    assert [n for n, p in before.named_parameters() if torch.equal(p, trained[n])] == []

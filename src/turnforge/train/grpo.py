@@ -27,6 +27,9 @@ How it departs from plain TRL:
     learning signal; TRL logs their share as `frac_reward_zero_std`) is replaced by the group of another
     training task, for up to `resample_rounds` tries; what is left is counted in rollouts.jsonl.
   - Episodes with a history window have no single token sequence, so GRPO refuses them.
+  - Step-level credit (GiGPO, `step_advantage_weight` > 0): `StepCreditGRPOTrainer` adds to TRL's episode
+    advantages a per-turn term, each turn's discounted return against the turns of its group that saw the
+    same observation (`turnforge.train.step_credit`).
 
     turnforge run quickstart --out runs/qs          # its stage `grpo`
 """
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.models import unwrap_model_for_generation
@@ -68,6 +72,7 @@ from turnforge.train.runtime import (
     trl_config,
 )
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
+from turnforge.train.step_credit import group_step_advantages, reward_scale, token_values
 from turnforge.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -150,6 +155,8 @@ class EpisodeRollouts:
         self.rng = random.Random(settings.seed)
         self.calls = 0
         self.episodes = 0
+        self.step_advantages: list[list[float]] | None = None
+        """The last batch's per-token step-level advantages (`step_advantage_weight` > 0), for `StepCreditGRPOTrainer`."""
 
     def __call__(self, prompts: list[list[dict[str, Any]]], trainer: GRPOTrainer) -> dict[str, list]:
         started = time.perf_counter()
@@ -175,6 +182,7 @@ class EpisodeRollouts:
         episodes = [traj for _, trajs in groups for traj in trajs]
         self.episodes += len(episodes)
         out = self._to_trl(episodes)
+        self.step_advantages = self._step_advantages(groups) if self.settings.step_advantage_weight else None
         self._log(episodes, groups, replaced, left, time.perf_counter() - started)
         return out
 
@@ -251,6 +259,20 @@ class EpisodeRollouts:
     def _total(self, traj: Trajectory) -> float:
         return total_reward(self._components(traj), self.settings.rewards)
 
+    def _step_advantages(self, groups: list[tuple[Task, list[Trajectory]]]) -> list[list[float]]:
+        """GiGPO's step-level advantage on every completion token of each episode, in output order (in
+        reward units divided by the std TRL divides that episode's advantage by: `step_credit`)."""
+        s = self.settings
+        totals = [[self._total(t) for t in group] for _, group in groups]
+        batch_scale = reward_scale([r for group in totals for r in group])
+        out = []
+        for (_, group), rewards in zip(groups, totals, strict=True):
+            scale = {"group": reward_scale(rewards), "batch": batch_scale}.get(s.scale_rewards, 1.0)
+            per_turn = group_step_advantages(group, rewards, s.step_discount, scale)
+            for traj, values in zip(group, per_turn, strict=True):
+                out.append(token_values(traj, values, s.max_completion_length) if traj.turns else [0.0])
+        return out
+
     def _to_trl(self, episodes: list[Trajectory]) -> dict[str, list]:
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "logprobs": []}
         for name in COMPONENTS:
@@ -311,6 +333,25 @@ def component_reward(name: str):
 # 3. The trainer
 
 
+class StepCreditGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with GiGPO's step-level term added to its advantages: (B,) episode advantages become
+    (B, T) = A^E + omega * A^S (`step_credit`); TRL's loss takes (B, T) advantages as they are."""
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        rollouts: EpisodeRollouts = self.rollout_func
+        steps, rollouts.step_advantages = rollouts.step_advantages, None
+        episode = output["advantages"]
+        if steps is None or len(steps) != len(episode):
+            raise RuntimeError(f"step advantages for {0 if steps is None else len(steps)} episodes, TRL has {len(episode)}")
+        table = torch.zeros(output["completion_ids"].shape, dtype=episode.dtype, device=episode.device)
+        for row, values in enumerate(steps):
+            n = min(len(values), table.shape[1])
+            table[row, :n] = torch.tensor(values[:n], dtype=episode.dtype)
+        output["advantages"] = episode.unsqueeze(1) + rollouts.settings.step_advantage_weight * table
+        return output
+
+
 def grpo_config(out_dir: Path, settings: GRPOSettings) -> GRPOConfig:
     """TRL's config: the knobs pass through unchanged; batch = tasks_per_step x num_generations episodes."""
     return trl_config(GRPOConfig, out_dir, settings)
@@ -343,7 +384,8 @@ def run_grpo(
         lm = lm.merge_and_unload()  # a start model saved as an adapter: its weights become the policy's own
     rollouts = EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE)
     resume = resume_point(out_dir, also_reset=(ROLLOUTS_FILE,))
-    trainer = GRPOTrainer(
+    trainer_class = StepCreditGRPOTrainer if settings.step_advantage_weight else GRPOTrainer
+    trainer = trainer_class(
         model=lm,
         reward_funcs=[component_reward(name) for name in COMPONENTS],
         args=grpo_config(out_dir, settings),

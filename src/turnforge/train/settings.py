@@ -255,6 +255,12 @@ class GRPOSettings:
     max_completion_length: int = 4096
     """Tokens of one episode after its first prompt (replies + observations); longer episodes are cut."""
     rewards: RewardWeights = field(default_factory=RewardWeights)
+    step_advantage_weight: float = 0.0
+    """GiGPO's omega (arXiv 2505.10978): each turn's advantage adds this times its step-level advantage, its
+    discounted return against the other turns of its group that saw the same observation
+    (`turnforge.train.step_credit`); 0 = GRPO's one advantage per episode."""
+    step_discount: float = 0.95
+    """GiGPO's gamma: the episode reward discounted per turn back to each turn (0.95 in the paper)."""
     dynamic_sampling: bool = False
     """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
     resample_rounds: int = 2
@@ -288,6 +294,8 @@ class GRPOSettings:
             ("top_k", self.top_k >= 0, "0 (off) or more"),
             ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
             ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
+            ("step_advantage_weight", self.step_advantage_weight >= 0, "0 (off) or more"),
+            ("step_discount", 0 < self.step_discount <= 1, "in (0, 1]"),
         ])
         if isinstance(self.rewards, dict):
             self.rewards = RewardWeights(**self.rewards)
