@@ -182,7 +182,7 @@ class EpisodeRollouts:
         episodes = [traj for _, trajs in groups for traj in trajs]
         self.episodes += len(episodes)
         out = self._to_trl(episodes)
-        self.step_advantages = self._step_advantages(groups) if self.settings.step_advantage_weight else None
+        self.step_advantages = self._step_advantages(groups, out) if self.settings.step_advantage_weight else None
         self._log(episodes, groups, replaced, left, time.perf_counter() - started)
         return out
 
@@ -259,18 +259,19 @@ class EpisodeRollouts:
     def _total(self, traj: Trajectory) -> float:
         return total_reward(self._components(traj), self.settings.rewards)
 
-    def _step_advantages(self, groups: list[tuple[Task, list[Trajectory]]]) -> list[list[float]]:
+    def _step_advantages(self, groups: list[tuple[Task, list[Trajectory]]], trl: dict[str, list]) -> list[list[float]]:
         """GiGPO's step-level advantage on every completion token of each episode, in output order (in
-        reward units divided by the std TRL divides that episode's advantage by: `step_credit`)."""
+        reward units divided by the std TRL divides that episode's advantage by: `step_credit`). The episode
+        rewards are the totals of the components `_to_trl` computed (`trl`), in the same order."""
         s = self.settings
-        totals = [[self._total(t) for t in group] for _, group in groups]
-        batch_scale = reward_scale([r for group in totals for r in group])
-        out = []
-        for (_, group), rewards in zip(groups, totals, strict=True):
+        flat = [total_reward({n: trl[f"reward_{n}"][i] for n in COMPONENTS}, s.rewards) for i in range(len(trl["prompt_ids"]))]
+        batch_scale = reward_scale(flat)
+        out, start = [], 0
+        for _, group in groups:
+            rewards, start = flat[start : start + len(group)], start + len(group)
             scale = {"group": reward_scale(rewards), "batch": batch_scale}.get(s.scale_rewards, 1.0)
             per_turn = group_step_advantages(group, rewards, s.step_discount, scale)
-            for traj, values in zip(group, per_turn, strict=True):
-                out.append(token_values(traj, values, s.max_completion_length) if traj.turns else [0.0])
+            out += [token_values(traj, values, s.max_completion_length) for traj, values in zip(group, per_turn, strict=True)]
         return out
 
     def _to_trl(self, episodes: list[Trajectory]) -> dict[str, list]:
