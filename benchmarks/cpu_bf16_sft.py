@@ -1,6 +1,8 @@
-"""SFT step time and memory on a CPU: float32 vs bf16 autocast (padded to 128, as turnforge does) vs bf16 unpadded.
+"""SFT step time and memory on a CPU: float32 vs bf16 autocast (padded to 128, as turnforge does) vs bf16 unpadded,
+and bf16 with each batch's episodes packed into rows (`packing = "batch"`).
 
-The quickstart's setting: the tiny model, 8 household expert episodes a step (~580 tokens each), TRL's SFTTrainer.
+The quickstart's setting: the tiny model, 8 household expert episodes a step (~670 tokens each, with the goal
+THOUGHT lines), TRL's SFTTrainer.
 One run times the three modes on the same data in turn; memory is the process's resident size after the steps
 (each mode in its own process, so one's caches do not count against another's).
 
@@ -17,10 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
+# mode -> (SFTSettings fields, the `trl` table)
 MODES = {
-    "float32": {"bf16": False},
-    "bf16, padded to 128": {"bf16": True},
-    "bf16, unpadded": {"bf16": True, "pad_to_multiple_of": None},
+    "float32": ({}, {"bf16": False}),
+    "bf16, padded to 128": ({}, {"bf16": True}),
+    "bf16, unpadded": ({}, {"bf16": True, "pad_to_multiple_of": None}),
+    "bf16, padded to 128, packed per batch": ({"packing": "batch"}, {"bf16": True}),
 }
 
 
@@ -33,7 +37,8 @@ def child(mode: str, steps: int, work: Path) -> None:
     from turnforge.train.settings import SFTSettings
     from turnforge.train.sft import build_dataset, build_trainer
 
-    options = {"grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0, "max_steps": 30}
+    options = {"grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0, "max_steps": 30,
+               "thoughts": "goal"}
     model_dir, data = work / "tiny", work / "episodes.jsonl"
     if not model_dir.exists():
         build_tiny_model(model_dir)
@@ -41,16 +46,19 @@ def child(mode: str, steps: int, work: Path) -> None:
         tasks = load_tasks("household", "train", limit=400, **options)
         trajs = run_episodes(ExpertPolicy(), lambda: make_env("household", **options), tasks, 1)
         data.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
-    trl = dict(MODES[mode])  # an explicit pad_to_multiple_of (None: unpadded) wins over turnforge's 128
-    settings = SFTSettings(max_steps=steps, learning_rate=3e-3, batch_size=8, max_length=1024, logging_steps=10_000, trl=trl)
+    fields, trl = MODES[mode]  # an explicit pad_to_multiple_of (None: unpadded) wins over turnforge's 128
+    settings = SFTSettings(max_steps=steps, learning_rate=3e-3, batch_size=8, max_length=1024, logging_steps=10_000,
+                           trl=dict(trl), **fields)
     lm, tokenizer = load_model(str(model_dir), dtype="float32", device="cpu")
     dataset, _ = build_dataset([str(data)], tokenizer, settings)
     trainer = build_trainer(lm, tokenizer, dataset, work / mode.replace(" ", "_").replace(",", ""), settings)
+    loader = trainer.get_train_dataloader()  # what the steps compute on: rows x padded width
+    computed = sum(batch["input_ids"].numel() for batch in loader) / len(loader)
     start = time.perf_counter()
     trainer.train()
     seconds = (time.perf_counter() - start) / steps
     rss_gb = int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**30
-    print(json.dumps({"mode": mode, "s_per_step": seconds, "rss_gb": rss_gb}))
+    print(json.dumps({"mode": mode, "s_per_step": seconds, "rss_gb": rss_gb, "tokens_per_step": computed}))
 
 
 def main() -> None:
@@ -69,9 +77,11 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     base = rows[0]["s_per_step"]
-    print("| mode | s / step | vs float32 | resident GB after the steps |\n|---|---:|---:|---:|")
+    print("| mode | s / step | vs float32 | tokens computed a step (padding included) | resident GB after the steps |")
+    print("|---|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['mode']} | {row['s_per_step']:.3f} | {base / row['s_per_step']:.2f}x | {row['rss_gb']:.2f} |")
+        print(f"| {row['mode']} | {row['s_per_step']:.3f} | {base / row['s_per_step']:.2f}x | "
+              f"{row['tokens_per_step']:.0f} | {row['rss_gb']:.2f} |")
 
 
 if __name__ == "__main__":

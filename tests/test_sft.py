@@ -20,9 +20,11 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Con
 
 from turnforge.data.sft import SFTExample
 from turnforge.models import LoraSpec
+from turnforge.train.settings import SettingsError
 from turnforge.train.sft import (
     METRICS_FILE,
     MODEL_DIR,
+    BatchRowPacker,
     SFTSettings,
     build_dataset,
     build_trainer,
@@ -298,21 +300,56 @@ def test_rerun_resumes_from_the_last_checkpoint(tmp_path, tokenizer, base_dir):
     assert steps == [1, 2, 3]
 
 
+def test_batch_row_packer_places_examples_first_fit_decreasing():
+    """Lengths 25, 12, 7, 20 in rows of 32: 25 opens row 0 (7 left), 20 opens row 1 (12 left), 12 fills row 1,
+    7 fills row 0. An example longer than the capacity sets the capacity: 40 fills row 0, 3 opens row 1."""
+    packer = BatchRowPacker(pad_token_id=0, capacity=32, pad_to_multiple_of=8)
+    assert packer.rows([25, 12, 7, 20]) == [[0, 2], [3, 1]]
+    assert packer.rows([40, 3]) == [[0], [1]]
+
+    examples = [{"input_ids": [n] * n, "labels": [n] * n} for n in (5, 3, 2)]
+    batch = BatchRowPacker(pad_token_id=0, capacity=6, pad_to_multiple_of=4)(examples)
+    # rows: [5] and [3, 2], padded to 8 (the longest row, 5, rounded up to a multiple of 4)
+    assert batch["input_ids"].tolist() == [[5, 5, 5, 5, 5, 0, 0, 0], [3, 3, 3, 2, 2, 0, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 0, 0], [0, 1, 2, 0, 1, 0, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 5, 5, 5, 5, -100, -100, -100], [-100, 3, 3, -100, 2, -100, -100, -100]]
+    assert "attention_mask" not in batch  # transformers reads the boundaries from the position ids only then
+
+
 def test_packing_keeps_examples_apart(tmp_path, tokenizer, base_dir):
-    """Packed into one row (TRL best-fit decreasing, padding-free), two examples give the unpacked loss."""
-    input_ids = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24, 25, 26]]
-    masks = [[0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0, 0]]
+    """Unpacked (3 rows), packed by TRL (one padding-free row) and packed per batch (2 rows): the same loss."""
+    input_ids = [
+        [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
+        [20, 21, 22, 23, 24, 25, 26],
+        list(range(30, 55)),
+    ]
+    masks = [[0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0, 0], [0] * 10 + [1] * 15]
     dataset = datasets.Dataset.from_dict({"input_ids": input_ids, "completion_mask": masks})
     losses = []
-    for packing in (False, True):
+    for packing, rows in ((False, 3), (True, 1), ("batch", 2)):
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        settings = SFTSettings(batch_size=2, packing=packing, max_length=32)
+        settings = SFTSettings(batch_size=3, packing=packing, max_length=32)
         trainer = build_trainer(model, tokenizer, dataset, tmp_path / f"packing_{packing}", settings)
         batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(trainer.train_dataset))])
-        assert batch["input_ids"].shape[0] == (1 if packing else 2)
+        assert batch["input_ids"].shape[0] == rows
         with torch.no_grad():
             losses.append(trainer.compute_loss(trainer.model, dict(batch)))
     assert torch.allclose(losses[0], losses[1], atol=1e-5), losses
+    assert torch.allclose(losses[0], losses[2], atol=1e-5), losses
+
+
+def test_batch_packing_trains_and_changes_every_parameter(tmp_path, tokenizer, base_dir):
+    data = write_jsonl(tmp_path / "trajectories.jsonl", [token_exact_trajectory(tokenizer).to_json()] * 6)
+    out = tmp_path / "sft"
+    result = run_sft(str(base_dir), [str(data)], out, fast(batch_size=3, packing="batch"))
+    assert result["steps"] == 2
+    before, after = state_dict(base_dir), state_dict(out / MODEL_DIR)
+    assert [name for name in before if torch.equal(before[name], after[name])] == []
+
+
+def test_packing_setting_is_checked():
+    with pytest.raises(SettingsError, match="packing"):
+        SFTSettings(packing="rows")
 
 
 def test_hf_source_and_max_examples(tmp_path, tokenizer, monkeypatch, caplog):

@@ -30,6 +30,7 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down", "sigmoid_norm")
 GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
+PACKING = (False, True, "batch")
 
 
 class SettingsError(ValueError):
@@ -165,8 +166,12 @@ class SFTSettings(TrainerSettings):
     KIND: ClassVar[str] = "sft"
     TRL_CONFIG: ClassVar[str] = "SFTConfig"
 
-    packing: bool = False
-    """Pack several examples into each `max_length` row (TRL best-fit-decreasing, no cross-example attention)."""
+    packing: bool | str = False
+    """How examples share rows, none attending to another: False = one example per row, padded to the batch's
+    longest; True = TRL's best-fit-decreasing packing (the data packed into `max_length` chunks, each batch
+    flattened into one padding-free row: for FlashAttention on a GPU); "batch" = each batch's own examples packed
+    into as few rows of `max_length` as they fit (per-row position ids, no attention mask): the same examples per
+    step as unpacked, with less padding, for SDPA / eager attention (a CPU)."""
     max_examples: int | None = None
     """Train on the first N examples only (in input order, after fitting to `max_length`; reading stops there)."""
 
@@ -174,11 +179,13 @@ class SFTSettings(TrainerSettings):
         return [
             *super()._checks(),
             ("max_examples", self.max_examples is None or self.max_examples >= 1, "None (all) or at least 1"),
+            ("packing", self.packing in PACKING, "false, true or \"batch\""),
         ]
 
     def trl_kwargs(self) -> dict[str, Any]:
         # completion_only_loss: labels = input_ids where completion_mask == 1, else -100 (TRL builds them).
-        return {**super().trl_kwargs(), "packing": self.packing, "completion_only_loss": True}
+        # "batch" packing is the data collator's (train.sft.BatchRowPacker): TRL's own packing stays off.
+        return {**super().trl_kwargs(), "packing": self.packing is True, "completion_only_loss": True}
 
 
 def _dpo_lora() -> LoraSpec:

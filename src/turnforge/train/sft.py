@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import datasets
+import torch
 from transformers import PreTrainedTokenizerBase
 from trl import SFTConfig, SFTTrainer
 
@@ -58,7 +59,7 @@ from turnforge.train.settings import SFTSettings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["METRICS_FILE", "MODEL_DIR", "SFTSettings", "build_dataset", "build_trainer", "run_sft", "sft_config"]
+__all__ = ["METRICS_FILE", "MODEL_DIR", "BatchRowPacker", "SFTSettings", "build_dataset", "build_trainer", "run_sft", "sft_config"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -120,13 +121,69 @@ def sft_config(out_dir: Path, settings: SFTSettings) -> SFTConfig:
     return trl_config(SFTConfig, out_dir, settings)
 
 
+class BatchRowPacker:
+    """Collates a batch by packing its examples into as few rows as fit, each keeping its own position ids.
+
+    TRL's padding-free collator flattens a whole batch into one row, which only FlashAttention's varlen kernels
+    run cheaply; with SDPA or eager attention (a CPU) that row gets one dense (tokens x tokens) mask. Here a row
+    holds at most `capacity` tokens (or the batch's longest example), rows are padded to the longest row
+    (rounded up to `pad_to_multiple_of`), and no attention mask is returned: transformers then reads the
+    example boundaries from the restarting position ids and masks each example apart, row by row. The examples
+    of a step are the ones an unpacked batch would hold, so the loss (a mean over the same label tokens) is the
+    unpacked loss; only the padding is gone."""
+
+    def __init__(self, pad_token_id: int, capacity: int, pad_to_multiple_of: int | None = None) -> None:
+        self.pad_token_id, self.capacity, self.multiple = pad_token_id, capacity, pad_to_multiple_of or 1
+
+    def rows(self, lengths: list[int]) -> list[list[int]]:
+        """First-fit decreasing: the indices of the examples in each row, longest examples placed first."""
+        capacity = max(self.capacity, *lengths)
+        rows: list[list[int]] = []
+        room: list[int] = []
+        for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+            slot = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+            if slot is None:
+                rows.append([])
+                room.append(capacity)
+                slot = len(rows) - 1
+            rows[slot].append(i)
+            room[slot] -= lengths[i]
+        return rows
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        lengths = [len(example["input_ids"]) for example in examples]
+        rows = self.rows(lengths)
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        width = -(-width // self.multiple) * self.multiple
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        # Padding keeps position 0: each pad token is then a one-token sequence of its own, attending to itself.
+        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                end = start + lengths[i]
+                input_ids[r, start:end] = torch.tensor(examples[i]["input_ids"])
+                labels[r, start:end] = torch.tensor(examples[i]["labels"])
+                labels[r, start] = -100  # the previous example's last token must not learn to predict this one
+                position_ids[r, start:end] = torch.arange(lengths[i])
+                start = end
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+
+
 def build_trainer(
     model, tokenizer: PreTrainedTokenizerBase, dataset: datasets.Dataset, out_dir: Path, settings: SFTSettings
 ) -> SFTTrainer:
     """An `SFTTrainer` on a pre-tokenized `input_ids` + `completion_mask` dataset, logging to `metrics.jsonl`."""
+    config = sft_config(out_dir, settings)
+    collator = None
+    if settings.packing == "batch":
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        collator = BatchRowPacker(pad, settings.max_length, config.pad_to_multiple_of)
     return SFTTrainer(
         model=model,
-        args=sft_config(out_dir, settings),
+        args=config,
+        data_collator=collator,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=settings.lora.to_peft() if settings.lora is not None else None,
