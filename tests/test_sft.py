@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers.masking_utils import find_packed_sequence_indices
 
 from turnforge.data.sft import SFTExample
 from turnforge.models import LoraSpec
@@ -311,9 +312,15 @@ def test_batch_row_packer_places_examples_first_fit_decreasing():
     batch = BatchRowPacker(pad_token_id=0, capacity=6, pad_to_multiple_of=4)(examples)
     # rows: [5] and [3, 2], padded to 8 (the longest row, 5, rounded up to a multiple of 4)
     assert batch["input_ids"].tolist() == [[5, 5, 5, 5, 5, 0, 0, 0], [3, 3, 3, 2, 2, 0, 0, 0]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 0, 0], [0, 1, 2, 0, 1, 0, 0, 0]]
+    # the padding continues each row's last example (no label; causal attention keeps it out of its view)
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 0, 1, 2, 3, 4]]
     assert batch["labels"].tolist() == [[-100, 5, 5, 5, 5, -100, -100, -100], [-100, 3, 3, -100, 2, -100, -100, -100]]
     assert "attention_mask" not in batch  # transformers reads the boundaries from the position ids only then
+    assert find_packed_sequence_indices(batch["position_ids"]).tolist() == [[0] * 8, [0, 0, 0, 1, 1, 1, 1, 1]]
+    # rows of one example each: no boundaries, so attention is plain causal (SDPA skips the upper triangle)
+    one_each = BatchRowPacker(pad_token_id=0, capacity=5, pad_to_multiple_of=4)(examples[:2])
+    assert one_each["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7]]
+    assert find_packed_sequence_indices(one_each["position_ids"]) is None
 
 
 def test_packing_keeps_examples_apart(tmp_path, tokenizer, base_dir):

@@ -157,7 +157,6 @@ class BatchRowPacker:
         width = -(-width // self.multiple) * self.multiple
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        # Padding keeps position 0: each pad token is then a one-token sequence of its own, attending to itself.
         position_ids = torch.zeros((len(rows), width), dtype=torch.long)
         for r, row in enumerate(rows):
             start = 0
@@ -168,6 +167,9 @@ class BatchRowPacker:
                 labels[r, start] = -100  # the previous example's last token must not learn to predict this one
                 position_ids[r, start:end] = torch.arange(lengths[i])
                 start = end
+            # The padding continues the row's last example (its outputs have no label, and causal attention keeps
+            # it out of that example's view): a batch whose rows each hold one example then needs no mask at all.
+            position_ids[r, start:] = torch.arange(lengths[row[-1]], lengths[row[-1]] + width - start)
         return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
 
 
