@@ -347,11 +347,17 @@ def test_packing_keeps_examples_apart(tmp_path, tokenizer, base_dir):
 
 def test_batch_packing_trains_and_changes_every_parameter(tmp_path, tokenizer, base_dir):
     data = write_jsonl(tmp_path / "trajectories.jsonl", [token_exact_trajectory(tokenizer).to_json()] * 6)
-    out = tmp_path / "sft"
-    result = run_sft(str(base_dir), [str(data)], out, fast(batch_size=3, packing="batch"))
-    assert result["steps"] == 2
-    before, after = state_dict(base_dir), state_dict(out / MODEL_DIR)
-    assert [name for name in before if torch.equal(before[name], after[name])] == []
+    n = len(build_dataset([str(data)], tokenizer, SFTSettings())[0][0]["input_ids"])
+    tokens = {}
+    for packing in (False, "batch"):
+        out = tmp_path / f"sft_{packing}"
+        # rows of n tokens: each holds one of the (identical) examples, so both runs compute 3 rows of n a step
+        result = run_sft(str(base_dir), [str(data)], out, fast(batch_size=3, max_length=n, packing=packing))
+        assert result["steps"] == 2
+        before, after = state_dict(base_dir), state_dict(out / MODEL_DIR)
+        assert [name for name in before if torch.equal(before[name], after[name])] == []
+        tokens[packing] = [json.loads(line)["num_tokens"] for line in (out / METRICS_FILE).read_text().splitlines()]
+    assert tokens[False] == tokens["batch"] == [3 * n, 6 * n]
 
 
 def test_packing_setting_is_checked():

@@ -173,16 +173,32 @@ class BatchRowPacker:
         return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
 
 
+class BatchPackedSFTTrainer(SFTTrainer):
+    """TRL's SFTTrainer on `BatchRowPacker` batches. TRL counts a batch with position ids and no attention mask as
+    its own padding-free layout, one row, so its `num_tokens` would count one row of several: counted here as
+    every row's width (padding included, as TRL counts a padding-free row)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        counted = self._total_train_tokens
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        rows = inputs["input_ids"].shape[0]
+        if self._total_train_tokens != counted and rows > 1:
+            self._total_train_tokens = counted + (self._total_train_tokens - counted) * rows
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+        return result
+
+
 def build_trainer(
     model, tokenizer: PreTrainedTokenizerBase, dataset: datasets.Dataset, out_dir: Path, settings: SFTSettings
 ) -> SFTTrainer:
     """An `SFTTrainer` on a pre-tokenized `input_ids` + `completion_mask` dataset, logging to `metrics.jsonl`."""
     config = sft_config(out_dir, settings)
-    collator = None
+    collator, trainer_cls = None, SFTTrainer
     if settings.packing == "batch":
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         collator = BatchRowPacker(pad, settings.max_length, config.pad_to_multiple_of)
-    return SFTTrainer(
+        trainer_cls = BatchPackedSFTTrainer
+    return trainer_cls(
         model=model,
         args=config,
         data_collator=collator,
