@@ -294,3 +294,22 @@ def test_a_teacher_writes_chosen_replies_and_only_defect_free_ones_are_kept(task
         assert pair.chosen != pair.rejected and not isinstance(env.format.parse(pair.chosen), FormatError)
     plain = mine_dpo_pairs(defective_trajectories, partial(make_env, "household"), by_id)
     assert len(pairs) == len(plain)  # a failed teacher reply never loses a pair the other sources give
+
+
+def test_expert_chosen_replies_carry_the_thought_the_expert_policy_writes(tasks, tmp_path):
+    """With `thoughts = "goal"` the expert writes a THOUGHT line before each action; a mined pair's expert
+    `chosen` reply is that same text (a chosen reply without it would teach DPO to drop the format's thought)."""
+    env_factory = partial(make_env, "household", thoughts="goal")
+    task = tasks[0]
+    expert = run_episodes(ExpertPolicy(), env_factory, [task], 1)[0]
+    replies = [m.content for m in expert.messages if m.role == "assistant"]
+    assert replies[0].startswith("THOUGHT: ")
+    path = tmp_path / "replies.jsonl"
+    path.write_text(json.dumps({"task_id": task.id, "replies": _inject("invalid_action", replies, task)}) + "\n")
+    defective = run_episodes(ReplayPolicy(path), env_factory, [task], 1)
+    counts = MiningCounts()
+    pairs = mine_dpo_pairs(defective, env_factory, {task.id: task}, counts=counts)
+    invalid = [p for p in pairs if p.reason == "invalid_action"]
+    assert len(invalid) == 1 and invalid[0].chosen_from == "expert"
+    # after "fly to the moon" (nothing happened) the expert's next reply is the one it wrote at that state
+    assert invalid[0].chosen == replies[1]

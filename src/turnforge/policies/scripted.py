@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert
+from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert, expert_text
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.types import Message, Trajectory, json_records
 
@@ -60,13 +60,7 @@ class ExpertPolicy:
                 f"env {getattr(env, 'name', type(env).__name__)!r} has no expert (no expert_reply()); "
                 "use --policy random or replay:FILE"
             )
-        def reply() -> Generation:
-            # An env may annotate its expert's actions (`expert_thought()`): the format writes it as its thought.
-            thought = env.expert_thought() if hasattr(env, "expert_thought") else None
-            action = env.expert_reply()
-            return Generation(text=env.format.render(action, thought=thought))
-
-        return _ask_env(prompt, self.name, reply)
+        return _ask_env(prompt, self.name, lambda: Generation(text=expert_text(env)))
 
 
 class RandomPolicy:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from turnforge.data.dpo_pairs.files import Pair
 from turnforge.data.dpo_pairs.judging import REASONS, Judged, MiningSettings, judge_reply
-from turnforge.envs.base import Env, SupportsExpert
+from turnforge.envs.base import Env, SupportsExpert, expert_text
 from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.types import Message, Task, Trajectory
 
@@ -111,7 +111,7 @@ def _chosen_reply(
         sources = [*sources, ("expert", None)]
     for source, candidate in sources:
         if source == "expert":
-            candidate = env.format.render(env.expert_reply())
+            candidate = expert_text(env)
         if candidate is None:
             continue
         if candidate != rejected.reply and not judge_reply(env, candidate, past, settings).defects:
