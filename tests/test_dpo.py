@@ -7,6 +7,7 @@ The pairs are fixed household decision points: after the first observation, a va
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -38,6 +39,19 @@ def pairs_file(tmp_path_factory) -> Path:
 
 def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+
+
+def test_sft_weight_adds_the_chosen_replies_nll_to_the_preference_loss(tiny_model_dir, pairs_file, tmp_path):
+    """At step 1 the policy is its reference, so the sigmoid loss is ln 2; the "sft" term adds w x the chosen
+    reply's mean token NLL: the excess over ln 2 is positive and doubles when w does."""
+    first = {}
+    for weight in (0.0, 0.5, 1.0):
+        settings = DPOSettings(max_steps=1, logging_steps=1, batch_size=2, sft_weight=weight)
+        run_dpo(str(tiny_model_dir), [str(pairs_file)], tmp_path / str(weight), settings)
+        first[weight] = _metrics(tmp_path / str(weight))[0]["loss"]
+    assert first[0.0] == pytest.approx(math.log(2), abs=1e-4)
+    excess = {w: first[w] - math.log(2) for w in (0.5, 1.0)}
+    assert excess[0.5] > 0.1 and excess[1.0] == pytest.approx(2 * excess[0.5], rel=1e-3), first
 
 
 def test_training_moves_parameters_and_grows_the_chosen_margin(tiny_model_dir, pairs_file, tmp_path):

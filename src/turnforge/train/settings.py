@@ -206,6 +206,10 @@ class DPOSettings(TrainerSettings):
     """DPO temperature: how far the policy may drift from the reference (TRL `beta`; the Iron Guard seed: 0.1)."""
     loss_type: str = "sigmoid"
     """TRL loss: sigmoid (the DPO paper's), ipo, hinge, robust, apo_zero, apo_down, sigmoid_norm."""
+    sft_weight: float = 0.0
+    """Weight of the chosen reply's negative log-likelihood (per token) added to the preference loss (TRL's "sft"
+    loss beside `loss_type`; RPO, arXiv 2404.19733): the chosen reply is learnt, not only ranked above the
+    rejected one. 0 = the preference loss alone."""
     max_pairs: int | None = None
     """Train on the first N pairs only (in input order)."""
 
@@ -215,11 +219,14 @@ class DPOSettings(TrainerSettings):
             ("max_length", self.max_length >= 2, "at least 2"),
             ("beta", self.beta > 0, "more than 0"),
             ("loss_type", self.loss_type in DPO_LOSS_TYPES, " or ".join(DPO_LOSS_TYPES)),
+            ("sft_weight", self.sft_weight >= 0, "0 or more"),
             ("max_pairs", self.max_pairs is None or self.max_pairs >= 1, "None (all) or at least 1"),
         ]
 
     def trl_kwargs(self) -> dict[str, Any]:
-        return {**super().trl_kwargs(), "beta": self.beta, "loss_type": [self.loss_type]}
+        losses = [self.loss_type, "sft"] if self.sft_weight else [self.loss_type]
+        weights = [1.0, self.sft_weight] if self.sft_weight else None
+        return {**super().trl_kwargs(), "beta": self.beta, "loss_type": losses, "loss_weights": weights}
 
 
 @dataclass
