@@ -3,10 +3,11 @@ and bf16 with each batch's episodes packed into rows (`packing = "batch"`).
 
 The quickstart's setting: the tiny model, 8 household expert episodes a step (~670 tokens each, with the goal
 THOUGHT lines), TRL's SFTTrainer.
-One run times the three modes on the same data in turn; memory is the process's resident size after the steps
-(each mode in its own process, so one's caches do not count against another's).
+One run times the four modes on the same data in turn: the mean step over all steps (oneDNN's kernel builds
+in the first steps included) and in steady state (the steps after `--warmup`); memory is the process's resident
+size after the steps (each mode in its own process, so one's caches do not count against another's).
 
-    .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 30
+    .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 80 --warmup 20
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ MODES = {
 }
 
 
-def child(mode: str, steps: int, work: Path) -> None:
+def child(mode: str, steps: int, warmup: int, work: Path) -> None:
+    from transformers import TrainerCallback
+
     from turnforge.envs.base import load_tasks, make_env
     from turnforge.models import load_model
     from turnforge.models.tiny import build_tiny_model
@@ -54,33 +57,48 @@ def child(mode: str, steps: int, work: Path) -> None:
     trainer = build_trainer(lm, tokenizer, dataset, work / mode.replace(" ", "_").replace(",", ""), settings)
     loader = trainer.get_train_dataloader()  # what the steps compute on: rows x padded width
     computed = sum(batch["input_ids"].numel() for batch in loader) / len(loader)
+    ends: list[float] = []
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+
+    trainer.add_callback(StepEnds())
     start = time.perf_counter()
     trainer.train()
-    seconds = (time.perf_counter() - start) / steps
+    seconds = (ends[-1] - start) / steps
+    steady = (ends[-1] - ends[warmup - 1]) / (steps - warmup)
     rss_gb = int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**30
-    print(json.dumps({"mode": mode, "s_per_step": seconds, "rss_gb": rss_gb, "tokens_per_step": computed}))
+    print(json.dumps({"mode": mode, "s_per_step": seconds, "steady_s_per_step": steady, "rss_gb": rss_gb,
+                      "tokens_per_step": computed}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--warmup", type=int, default=20, help="steps left out of the steady-state mean")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not 0 < args.warmup < args.steps:
+        parser.error("--warmup must be at least 1 and fewer than --steps")
     if args.child:
-        child(args.child, args.steps, Path(args.work))
+        child(args.child, args.steps, args.warmup, Path(args.work))
         return
     with tempfile.TemporaryDirectory() as work:
         rows = []
         for mode in MODES:
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps), "--work", work],
+            out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
+                                  "--warmup", str(args.warmup), "--work", work],
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    base = rows[0]["s_per_step"]
-    print("| mode | s / step | vs float32 | tokens computed a step (padding included) | resident GB after the steps |")
-    print("|---|---:|---:|---:|---:|")
+    base, steady = rows[0]["s_per_step"], rows[0]["steady_s_per_step"]
+    print(f"| mode | s / step, all {args.steps} | vs float32 | s / step after {args.warmup} | vs float32 | "
+          "tokens computed a step (padding included) | resident GB after the steps |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['mode']} | {row['s_per_step']:.3f} | {base / row['s_per_step']:.2f}x | "
+              f"{row['steady_s_per_step']:.3f} | {steady / row['steady_s_per_step']:.2f}x | "
               f"{row['tokens_per_step']:.0f} | {row['rss_gb']:.2f} |")
 
 

@@ -137,6 +137,7 @@ class BatchRowPacker:
 
     def rows(self, lengths: list[int]) -> list[list[int]]:
         """First-fit decreasing: the indices of the examples in each row, longest examples placed first."""
+        # By hand: TRL's best-fit packing (`trl.pack_dataset`) packs a whole dataset's pyarrow columns, not a batch.
         capacity = max(self.capacity, *lengths)
         rows: list[list[int]] = []
         room: list[int] = []
@@ -176,7 +177,8 @@ class BatchRowPacker:
 class BatchPackedSFTTrainer(SFTTrainer):
     """TRL's SFTTrainer on `BatchRowPacker` batches. TRL counts a batch with position ids and no attention mask as
     its own padding-free layout, one row, so its `num_tokens` would count one row of several: counted here as
-    every row's width (padding included, as TRL counts a padding-free row)."""
+    every row's width (padding included, as TRL counts a padding-free row). It reads and corrects TRL's private
+    token counter (`_total_train_tokens`, TRL 1.16), which a TRL upgrade may rename; the packing test checks it."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         counted = self._total_train_tokens
