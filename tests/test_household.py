@@ -294,3 +294,78 @@ def test_thoughts_goal_restates_the_goal_before_every_expert_action():
         make_env("household", thoughts="goal", format="bfcl_python")
     with pytest.raises(ValueError, match="thoughts"):
         make_env("household", thoughts="plan")
+
+
+def _noisy_episodes(tasks, noise, seed=0, max_open=64):
+    from turnforge.policies.scripted import ExpertPolicy
+    from turnforge.rollout import RolloutLimits, run_episodes
+
+    make = lambda: make_env("household", expert="explorer", thoughts="goal", max_steps=30)  # noqa: E731
+    return run_episodes(ExpertPolicy(noise=noise, seed=seed), make, tasks, 1, limits=RolloutLimits(max_open=max_open))
+
+
+def test_a_noisy_expert_makes_marked_mistakes_and_recovers_from_them():
+    """DART noise: about `noise` of the replies are mistakes (a repeat of the previous reply, or a random
+    admissible action), marked `learn=False`; the explorer goes on from where they leave it and still solves
+    the tasks; the draws depend on (seed, task, sample, turn) only, not on what shares a batch."""
+    tasks = load_tasks("household", "test", limit=120, receptacles=0.3, distractors=0)
+    trajs = _noisy_episodes(tasks, noise=0.2)
+    turns = [t for traj in trajs for t in traj.turns]
+    mistakes = [t for t in turns if not t.learn]
+    assert 0.15 < len(mistakes) / len(turns) < 0.25
+    replies = [(traj.messages, i, t) for traj in trajs for i, t in zip(traj.reply_indices(), traj.turns, strict=True)]
+    repeats = [t for msgs, i, t in replies if not t.learn and msgs[i].content == msgs[i - 2].content]
+    assert 0.3 < len(repeats) / len(mistakes) < 0.7  # half the mistakes repeat the reply before them
+    assert sum(traj.score.success for traj in trajs) >= 0.97 * len(trajs)
+    # every mistake still restates the goal, as the expert's own replies do
+    assert all(t.text.startswith("THOUGHT: ") for t in mistakes)
+    # the same episodes one at a time (other batches): the same mistakes
+    again = _noisy_episodes(tasks[:20], noise=0.2, max_open=1)
+    by_id = {traj.task_id: traj for traj in trajs}
+    for traj in again:
+        assert [(t.text, t.learn) for t in traj.turns] == [(t.text, t.learn) for t in by_id[traj.task_id].turns]
+    # noise 0 is the expert itself
+    clean = _noisy_episodes(tasks[:20], noise=0.0)
+    assert all(t.learn for traj in clean for t in traj.turns)
+
+
+def test_the_explorer_puts_down_an_object_a_mistake_took():
+    checked = 0
+    for task in load_tasks("household", "test", limit=200):
+        env = make_env("household", expert="explorer")
+        env.reset(task)
+        result = None
+        for _turn in range(30):
+            w = env.world
+            wrong = [a for a in env.admissible_actions()
+                     if a.startswith("take ") and w.objects[a.split(" from ")[0][5:]].type != w.goal["object"]]
+            if wrong:
+                break
+            result = env.step(env.expert_reply())
+            if result.done:
+                break
+        if not wrong or (result is not None and result.done):
+            continue
+        taken = wrong[0].split(" from ")[0][5:]
+        env.step(env.action_message(wrong[0]))
+        put = env.expert_reply().content
+        assert put == f"put {taken} in/on {env.world.at}", put
+        while result is None or not result.done:
+            result = env.step(env.expert_reply())
+        assert result.stop is StopReason.success
+        checked += 1
+    assert checked >= 20
+
+
+def test_expert_noise_settings_are_checked():
+    from turnforge.policies import make_policy
+    from turnforge.policies.scripted import ExpertPolicy
+    from turnforge.stages.collect import CollectStage
+
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        ExpertPolicy(noise=1.0)
+    with pytest.raises(ValueError, match="policy expert does not take window"):
+        make_policy("expert", window=3)
+    assert make_policy("expert", noise=0.1, seed=3).noise == 0.1
+    with pytest.raises(ValueError, match="noise perturbs the expert"):
+        CollectStage(policy="random", noise=0.1)

@@ -81,6 +81,35 @@ def test_token_exact_trajectory_keeps_its_ids_and_masks_the_generated_ones(token
         assert trajectory_examples(traj, tokenizer) == [example]
 
 
+def test_a_noisy_experts_mistakes_are_in_the_sequence_without_loss(tokenizer):
+    """`Turn.learn = False` (a DART mistake): its reply stays in the sequence, as the context of the recovery
+    after it, and carries no loss; rendered, token-exact and windowed alike."""
+    tasks = load_tasks("household", "test", limit=12)
+    make = lambda: make_env("household", expert="explorer", thoughts="goal")  # noqa: E731
+    trajs = [t for t in run_episodes(ExpertPolicy(noise=0.3, seed=1), make, tasks, 1) if not all(x.learn for x in t.turns)]
+    assert len(trajs) >= 6
+    for traj in trajs:
+        [example] = trajectory_examples(traj, tokenizer)
+        assert masked_spans(tokenizer, example) == [t.text + "<|im_end|>" for t in traj.turns if t.learn]
+        last = max(i for i, t in zip(traj.reply_indices(), traj.turns, strict=True) if t.learn)
+        rendered = chat_ids(tokenizer, traj.messages[: last + 1], traj.tools, generation_prompt=False)
+        assert rendered == example.input_ids + tokenizer.encode("\n")  # the mistakes' text is in the ids
+        windowed = trajectory_examples(traj, tokenizer, window=2)
+        assert [tokenizer.decode(e.input_ids[e.completion_mask.index(1):]) for e in windowed] \
+            == [t.text + "<|im_end|>" for t in traj.turns if t.learn]
+    # token-exact: the mistake's generated ids are masked, nothing else changes
+    policy = ExpertTokenPolicy(tokenizer)
+    [traj] = run_episodes(policy, lambda: make_env("household"), tasks[:1], 1, renderer=policy.renderer)
+    [full] = trajectory_examples(traj, tokenizer)
+    traj.turns[1].learn = False
+    [partial] = trajectory_examples(traj, tokenizer)
+    start = len(traj.prompt_ids) + len(traj.turns[0].generated_ids) + len(traj.turns[0].observation_ids)
+    n = len(traj.turns[1].generated_ids)
+    assert partial.input_ids == full.input_ids
+    assert full.completion_mask[start : start + n] == [1] * n
+    assert partial.completion_mask == full.completion_mask[:start] + [0] * n + full.completion_mask[start + n :]
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_with_a_window_one_example_per_turn_with_the_windowed_prompt(tokenizer, tasks, fmt):
     for traj in expert_trajectories(tasks, fmt):

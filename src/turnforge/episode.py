@@ -105,6 +105,7 @@ def step_episode(ep: Episode, gen: Generation, limits: RolloutLimits, renderer: 
         parse_ok=parse_error is None,
         parse_error=parse_error,
         finish_reason=gen.finish_reason,
+        learn=gen.learn,
     )
     ep.messages.append(Message("assistant", gen.text))
     if renderer is not None:

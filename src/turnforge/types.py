@@ -142,6 +142,9 @@ class Turn:
     parse_error: str | None = None
     finish_reason: str | None = None
     prompt_ids: list[int] = field(default_factory=list)
+    learn: bool = True
+    """False for a reply SFT must not imitate: the deliberate mistakes of a noisy expert (DART), which stay in
+    the episode as context for the recovery that follows."""
 
 
 @dataclass

@@ -36,16 +36,23 @@ class SFTExample:
     completion_mask: list[int]
 
 
-def assistant_mask(prompt_ids: Sequence[int], turns: Sequence[tuple[Sequence[int], Sequence[int]]]) -> SFTExample:
-    """The sequence prompt + (assistant ids + observation ids) per turn, with loss mask 1 exactly on assistant ids.
+def assistant_mask(
+    prompt_ids: Sequence[int],
+    turns: Sequence[tuple[Sequence[int], Sequence[int]]],
+    learn: Sequence[bool] | None = None,
+) -> SFTExample:
+    """The sequence prompt + (assistant ids + observation ids) per turn, with loss mask 1 exactly on assistant ids
+    of the turns to learn (`learn[k]`, default all: a noisy expert's mistakes, `Turn.learn`, are context only).
 
     >>> assistant_mask([1, 2], [([3, 4], [5]), ([6], [])])
     SFTExample(input_ids=[1, 2, 3, 4, 5, 6], completion_mask=[0, 0, 1, 1, 0, 1])
+    >>> assistant_mask([1, 2], [([3, 4], [5]), ([6], [])], learn=[False, True]).completion_mask
+    [0, 0, 0, 0, 0, 1]
     """
     ids, mask = list(prompt_ids), [0] * len(prompt_ids)
-    for assistant, observation in turns:
+    for k, (assistant, observation) in enumerate(turns):
         ids += [*assistant, *observation]
-        mask += [1] * len(assistant) + [0] * len(observation)
+        mask += [int(learn is None or learn[k])] * len(assistant) + [0] * len(observation)
     return SFTExample(input_ids=ids, completion_mask=mask)
 
 
@@ -57,18 +64,25 @@ def trajectory_examples(
     Token-exact ids are used when the trajectory has them (a rollout with a windowed renderer recorded its
     per-turn prompts and always gives one example per turn); otherwise the messages are rendered. Either way
     the replies are the policy's (`Trajectory.reply_indices()`): an env's own assistant turns in its first
-    messages (DBBench's few-shot "Ok.") are prompt.
+    messages (DBBench's few-shot "Ok.") are prompt. A reply with `learn=False` (a noisy expert's mistake) is
+    context: in the sequence, without loss, and no example of its own with a window.
     """
+    learned = [turn.learn for turn in traj.turns]
+    replies = [i for i, learn in zip(traj.reply_indices(), learned, strict=True) if learn]
     if not traj.prompt_ids:
-        return conversation_examples(traj.messages, traj.tools, tokenizer, window, replies=traj.reply_indices())
+        return conversation_examples(traj.messages, traj.tools, tokenizer, window, replies=replies) if replies else []
     if any(turn.prompt_ids for turn in traj.turns):  # rolled out with a window: each turn has its own prompt
-        return [assistant_mask(turn.prompt_ids, [(turn.generated_ids, [])]) for turn in traj.turns]
+        return [assistant_mask(turn.prompt_ids, [(turn.generated_ids, [])]) for turn in traj.turns if turn.learn]
     if window is not None:
         renderer = ChatTemplateRenderer(tokenizer, window)
         prompts = _windowed_prompts(traj.messages, traj.tools, renderer, traj.reply_indices())
-        return [assistant_mask(p, [(turn.generated_ids, [])]) for p, turn in zip(prompts, traj.turns, strict=True)]
+        return [
+            assistant_mask(p, [(turn.generated_ids, [])])
+            for p, turn in zip(prompts, traj.turns, strict=True)
+            if turn.learn
+        ]
     pieces = episode_pieces(traj)
-    return [assistant_mask(traj.prompt_ids, pieces)] if pieces else []
+    return [assistant_mask(traj.prompt_ids, pieces, learned)] if any(learned) else []
 
 
 def episode_pieces(traj: Trajectory) -> list[tuple[list[int], list[int]]]:

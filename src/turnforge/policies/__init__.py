@@ -71,12 +71,16 @@ def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: A
     """Build the policy named by `spec` (see `PolicySpec`): "expert" | "random" | "replay:FILE" | "hf[:PATH]" ...
 
     `model` is the checkpoint for the model backends when the spec does not name one (`--policy hf --model
-    PATH`); `seed` drives `random`; `options` are the model backend's own settings (hf: device, dtype,
-    window, batch_size, adapter; openai: concurrency, request_timeout, max_retries, api_key_env).
+    PATH`); `seed` drives `random` and the expert's noise; `options` are the model backend's own settings (hf:
+    device, dtype, window, batch_size, adapter; openai: concurrency, request_timeout, max_retries, api_key_env),
+    or the expert's `noise`.
     """
     parsed = PolicySpec.parse(spec)
     if parsed.kind == "expert":
-        return ExpertPolicy()
+        unknown = sorted(set(options) - {"noise"})
+        if unknown:
+            raise ValueError(f"policy expert does not take {', '.join(unknown)}; it takes noise")
+        return ExpertPolicy(seed=seed, **options)
     if parsed.kind == "random":
         return RandomPolicy(seed)
     if parsed.kind == "replay":

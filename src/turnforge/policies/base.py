@@ -56,6 +56,8 @@ class Generation:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "stop"
+    learn: bool = True
+    """False for a reply a training stage must not imitate (a scripted policy's deliberate mistake: `Turn.learn`)."""
 
 
 @runtime_checkable

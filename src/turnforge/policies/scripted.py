@@ -45,10 +45,26 @@ def _ask_env(prompt: Prompt, policy: str, reply: Callable[[], Generation]) -> Ge
 
 
 class ExpertPolicy:
-    """The env's own scripted solver (`env.expert_reply()`), rendered in the env's format."""
+    """The env's own scripted solver (`env.expert_reply()`), rendered in the env's format.
+
+    `noise` > 0 perturbs the demonstrations the way DART does (Laskey et al. 2017, "DART: Noise Injection for
+    Robust Imitation Learning"): at each turn, with that probability, the reply is a mistake instead of the
+    expert's action: half the time the previous reply again (the loop a model falls into), half a uniform pick
+    among the env's admissible actions (a detour). The expert then goes on from the state the mistake left, so
+    the episode shows a recovery. The mistaken replies are marked `learn=False` (`Turn.learn`): SFT trains on
+    the recoveries and never on the mistakes. The draw comes from an RNG seeded by (seed, task, sample, turn),
+    so an episode does not depend on batching or on a resume; a turn's draw is taken before the expert is asked,
+    so a stateful expert is asked only for the replies it writes.
+    """
 
     name = "expert"
     renderer = None  # replies are text in the env's format
+
+    def __init__(self, noise: float = 0.0, seed: int = 0):
+        if not 0.0 <= noise < 1.0:
+            raise ValueError(f"expert noise is a probability per turn in [0, 1), got {noise}")
+        self.noise = noise
+        self.seed = seed
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         return [self._reply(p) for p in prompts]
@@ -60,7 +76,28 @@ class ExpertPolicy:
                 f"env {getattr(env, 'name', type(env).__name__)!r} has no expert (no expert_reply()); "
                 "use --policy random or replay:FILE"
             )
+        mistake = self._mistake(env, prompt) if self.noise else None
+        if mistake is not None:
+            return Generation(text=mistake, learn=False)
         return _ask_env(prompt, self.name, lambda: Generation(text=expert_text(env)))
+
+    def _mistake(self, env: Env, prompt: Prompt) -> str | None:
+        """The perturbed reply of this turn, or None when the expert writes it (see the class docstring)."""
+        if not isinstance(env, SupportsAdmissible):
+            raise ValueError(
+                f"expert noise needs an env that lists admissible actions; {getattr(env, 'name', type(env).__name__)!r} "
+                "does not (set noise = 0)"
+            )
+        rng = random.Random(f"{self.seed}/{prompt.task.id}/{prompt.sample}/{prompt.turn}/noise")
+        if rng.random() >= self.noise:
+            return None
+        if prompt.turn > 0 and rng.random() < 0.5:  # after the first turn the last assistant message is its reply
+            return next(m.content for m in reversed(prompt.messages) if m.role == "assistant")
+        actions = env.admissible_actions()
+        if not actions:
+            return None
+        thought = env.expert_thought() if hasattr(env, "expert_thought") else None
+        return env.format.render(env.action_message(rng.choice(actions)), thought=thought)
 
 
 class RandomPolicy:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from turnforge.eval.runner import EPISODES_FILE
 from turnforge.stages.config import STAGE_NAME, RolloutStage
@@ -33,13 +33,22 @@ class CollectStage(RolloutStage):
     policy: Literal["expert", "random", "hf"] = "expert"
     split: str = "train"
     temperature: float = Field(default=1.0, ge=0.0)
+    noise: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """policy expert: the probability per turn of a deliberate mistake (DART), followed by the expert's recovery;
+    the mistakes stay in the episodes as context and carry no SFT loss (`policies.scripted.ExpertPolicy`)."""
+
+    @model_validator(mode="after")
+    def _noise_needs_expert(self) -> CollectStage:
+        if self.noise and self.policy != "expert":
+            raise ValueError(f"noise perturbs the expert's demonstrations; policy {self.policy!r} takes none")
+        return self
 
 
 def run_collect(stage: CollectStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
     episodes, trajectories = stage_dir / EPISODES_FILE, stage_dir / TRAJECTORIES_FILE
     if trajectories.exists() and not episodes.exists():
         os.replace(trajectories, episodes)  # killed after the rename, before done.json: resume from it
-    summary = run_rollouts(stage, index, stage_dir, ctx)
+    summary = run_rollouts(stage, index, stage_dir, ctx, {"noise": stage.noise} if stage.noise else None)
     os.replace(episodes, trajectories)
     return {
         "trajectories": ctx.relative(trajectories),

@@ -44,11 +44,14 @@ def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContex
     }
 
 
-def run_rollouts(stage: RolloutStage, index: int, out: Path, ctx: RunContext) -> dict[str, Any]:
+def run_rollouts(
+    stage: RolloutStage, index: int, out: Path, ctx: RunContext, scripted_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Episodes of `stage.policy` on `stage.split` into `out` (resumable); returns the eval summary.
 
-    With the recipe's `[scale] ray` set they run on Ray workers (collect, eval and rft's sampling alike)."""
-    model_path, model_options = None, {}
+    `scripted_options` go to a scripted policy (collect's expert `noise`). With the recipe's `[scale] ray` set
+    they run on Ray workers (collect, eval and rft's sampling alike)."""
+    model_path, model_options = None, {"policy_options": scripted_options} if scripted_options else {}
     if stage.policy == "hf":  # scripted policies take no model and no sampling settings
         model = ctx.model(ctx.recipe.model_source(index))
         model_path = model.path
