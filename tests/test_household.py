@@ -305,9 +305,9 @@ def _noisy_episodes(tasks, noise, seed=0, max_open=64):
 
 
 def test_a_noisy_expert_makes_marked_mistakes_and_recovers_from_them():
-    """DART noise: about `noise` of the replies are mistakes (a repeat of the previous reply, or a random
-    admissible action), marked `learn=False`; the explorer goes on from where they leave it and still solves
-    the tasks; the draws depend on (seed, task, sample, turn) only, not on what shares a batch."""
+    """DART noise: about `noise` of the replies are mistakes (a repeat of the previous reply, a random
+    admissible action, or a near miss), marked `learn=False`; the explorer goes on from where they leave it and
+    still solves the tasks; the draws depend on (seed, task, sample, turn) only, not on what shares a batch."""
     tasks = load_tasks("household", "test", limit=120, receptacles=0.3, distractors=0)
     trajs = _noisy_episodes(tasks, noise=0.2)
     turns = [t for traj in trajs for t in traj.turns]
@@ -315,7 +315,12 @@ def test_a_noisy_expert_makes_marked_mistakes_and_recovers_from_them():
     assert 0.15 < len(mistakes) / len(turns) < 0.25
     replies = [(traj.messages, i, t) for traj in trajs for i, t in zip(traj.reply_indices(), traj.turns, strict=True)]
     repeats = [t for msgs, i, t in replies if not t.learn and msgs[i].content == msgs[i - 2].content]
-    assert 0.3 < len(repeats) / len(mistakes) < 0.7  # half the mistakes repeat the reply before them
+    slips = [t for msgs, i, t in replies
+             if not t.learn and msgs[i].content != msgs[i - 2].content and msgs[i + 1].content == "Nothing happens."]
+    detours = [t for msgs, i, t in replies
+               if not t.learn and msgs[i].content != msgs[i - 2].content and msgs[i + 1].content != "Nothing happens."]
+    for kind in (repeats, slips, detours):  # a third of the mistakes each
+        assert 0.2 < len(kind) / len(mistakes) < 0.45, (len(repeats), len(slips), len(detours))
     assert sum(traj.score.success for traj in trajs) >= 0.97 * len(trajs)
     # every mistake still restates the goal, as the expert's own replies do
     assert all(t.text.startswith("THOUGHT: ") for t in mistakes)
@@ -369,3 +374,19 @@ def test_expert_noise_settings_are_checked():
     assert make_policy("expert", noise=0.1, seed=3).noise == 0.1
     with pytest.raises(ValueError, match="noise perturbs the expert"):
         CollectStage(policy="random", noise=0.1)
+
+
+def test_near_misses_are_the_commands_that_look_valid_here_and_fail():
+    w = World(_scene(), grammar="0.3")
+    w.step("go to countertop 1")
+    w.step("take mug 1 from countertop 1")
+    w.step("go to microwave 1")
+    assert w.near_misses() == [
+        "clean mug 1 with microwave 1", "close microwave 1", "cool mug 1 with microwave 1",  # this place's verbs
+        "examine microwave 2", "examine mug 2", "go to cabinet 2", "go to countertop 3", "go to fridge 2",
+        "go to microwave 1",  # where the agent stands
+        "go to sinkbasin 2", "heat mug 1 with microwave 2", "heat mug 2 with microwave 1",  # numbers one off
+        "open microwave 2", "put mug 1 in/on microwave 1",  # into a closed microwave
+    ]
+    for command in w.near_misses():
+        assert w.check(command).ok is False

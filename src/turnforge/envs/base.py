@@ -87,6 +87,15 @@ class SupportsAdmissible(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsNearMisses(Protocol):
+    """Envs that list actions which look valid now but fail (a wrong number, a wrong appliance): the slips a
+    model makes, which a noisy expert (`ExpertPolicy(noise=...)`) makes too, so its demonstrations recover
+    from them."""
+
+    def near_miss_actions(self) -> list[str]: ...
+
+
 @dataclass
 class EnvOption:
     """One `--env-opt KEY=VALUE` an env family accepts."""

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert, expert_text
+from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert, SupportsNearMisses, expert_text
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.types import Message, Trajectory, json_records
 
@@ -49,8 +49,10 @@ class ExpertPolicy:
 
     `noise` > 0 perturbs the demonstrations the way DART does (Laskey et al. 2017, "DART: Noise Injection for
     Robust Imitation Learning"): at each turn, with that probability, the reply is a mistake instead of the
-    expert's action: half the time the previous reply again (the loop a model falls into), half a uniform pick
-    among the env's admissible actions (a detour). The expert then goes on from the state the mistake left, so
+    expert's action, one of three kinds drawn alike: the previous reply again (the loop a model falls into), a
+    uniform pick among the env's admissible actions (a detour), or one of its near misses where the env lists
+    them (`near_miss_actions`: a wrong number or appliance, answered "Nothing happens."; without them, the two
+    other kinds). The expert then goes on from the state the mistake left, so
     the episode shows a recovery. The mistaken replies are marked `learn=False` (`Turn.learn`): SFT trains on
     the recoveries and never on the mistakes. The draw comes from an RNG seeded by (seed, task, sample, turn),
     so an episode does not depend on batching or on a resume; a turn's draw is taken before the expert is asked,
@@ -91,9 +93,12 @@ class ExpertPolicy:
         rng = random.Random(f"{self.seed}/{prompt.task.id}/{prompt.sample}/{prompt.turn}/noise")
         if rng.random() >= self.noise:
             return None
-        if prompt.turn > 0 and rng.random() < 0.5:  # after the first turn the last assistant message is its reply
+        kinds = ["repeat"] if prompt.turn > 0 else []  # after the first turn the last assistant message is its reply
+        kinds += ["detour"] + (["slip"] if isinstance(env, SupportsNearMisses) else [])
+        kind = rng.choice(kinds)
+        if kind == "repeat":
             return next(m.content for m in reversed(prompt.messages) if m.role == "assistant")
-        actions = env.admissible_actions()
+        actions = env.near_miss_actions() if kind == "slip" else env.admissible_actions()
         if not actions:
             return None
         thought = env.expert_thought() if hasattr(env, "expert_thought") else None

@@ -277,6 +277,22 @@ class World:
 
     def admissible(self) -> list[str]:
         """Every command valid now, sorted (as TextWorld lists them)."""
+        return sorted(c for c in self._candidates() if self.check(c).ok)
+
+    def near_misses(self) -> list[str]:
+        """Commands that look valid here and fail ("Nothing happens."), sorted: the verbs of this place with the
+        wrong object or appliance (`heat apple 1 with fridge 1`), and valid commands with a number one off
+        (`take mug 2` where mug 1 is, `go to cabinet 4` in a room of three): the slips a model makes."""
+        shifted = set()
+        for command in self.admissible():
+            for m in re.finditer(r"\b(\d+)\b", command):
+                for n in (int(m.group(1)) - 1, int(m.group(1)) + 1):
+                    if n >= 1:
+                        shifted.add(command[: m.start()] + str(n) + command[m.end() :])
+        return sorted(c for c in self._candidates() | shifted if not self.check(c).ok)
+
+    def _candidates(self) -> set[str]:
+        """The commands a player could type here: those `admissible` keeps, and some that fail."""
         here = self.receptacles.get(self.at) if self.at else None
         cands = ["look", "inventory"] + (["help"] if self.grammar == "0.4" else [])
         cands += [f"go to {r}" for r in self.receptacles]
@@ -291,7 +307,7 @@ class World:
                 cands += [f"slice {o} with {self.held}" for o in here.contents]
         if self.held:
             cands.append(f"examine {self.held}")
-        return sorted(c for c in set(cands) if self.check(c).ok)
+        return set(cands)
 
     # ---- effects -------------------------------------------------------------------------------------
 

@@ -186,6 +186,9 @@ class HouseholdEnv:
     def admissible_actions(self) -> list[str]:
         return self.world.admissible()
 
+    def near_miss_actions(self) -> list[str]:
+        return self.world.near_misses()
+
     def action_message(self, action: str) -> Message:
         return action_message(self.format, action)
 
