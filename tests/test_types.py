@@ -52,3 +52,16 @@ def test_unknown_keys_are_an_error():
     d["colour"] = "red"
     with pytest.raises(ValueError, match="colour"):
         Trajectory.from_dict(d)
+
+
+def test_between_replies_splits_the_conversation_around_the_policys_replies():
+    """An env's own assistant turn in the prompt (DBBench's few-shot "Ok.") is prompt, not a reply."""
+    messages = [Message("system", "rules"), Message("user", "shot"), Message("assistant", "Ok."),
+                Message("user", "task"), Message("assistant", "a1"), Message("user", "o1"), Message("tool", "t1"),
+                Message("assistant", "a2"), Message("user", "o2")]
+    traj = Trajectory("t", "e", "c", messages, [Turn("a1"), Turn("a2")], Score(True, 1.0, 1.0), StopReason.success)
+    assert [[m.content for m in part] for part in traj.between_replies()] == [
+        ["rules", "shot", "Ok.", "task"], ["o1", "t1"], ["o2"],
+    ]
+    empty = Trajectory("t", "e", "c", messages[:2], [], Score(False, 0.0, 0.0), StopReason.gave_up)
+    assert [[m.content for m in part] for part in empty.between_replies()] == [["rules", "shot"]]

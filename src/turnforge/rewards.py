@@ -149,13 +149,10 @@ def repeats(step: Step, past: Sequence[Step]) -> bool:
 def episode_steps(traj: Trajectory) -> list[Step]:
     """The `Step` of every reply of an episode, from its conversation and its turns' progress."""
     steps, before = [], 0.0
-    for turn, i in zip(traj.turns, traj.reply_indices(), strict=False):
-        answer = []
-        for later in traj.messages[i + 1 :]:
-            if later.role == "assistant":
-                break
-            answer.append(later.content)
-        steps.append(Step(reply_key(traj.messages[i]), " ".join(" ".join(answer).split()), turn.progress > before))
+    answers = traj.between_replies()[1:]
+    for turn, i, answer in zip(traj.turns, traj.reply_indices(), answers, strict=False):
+        text = " ".join(m.content for m in answer)
+        steps.append(Step(reply_key(traj.messages[i]), " ".join(text.split()), turn.progress > before))
         before = turn.progress
     return steps
 

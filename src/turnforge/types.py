@@ -174,6 +174,16 @@ class Trajectory:
         assistant = [i for i, m in enumerate(self.messages) if m.role == "assistant"]
         return assistant[len(assistant) - len(self.turns) :] if self.turns else []
 
+    def between_replies(self) -> list[list[Message]]:
+        """The messages around the policy's replies, one list more than there are replies: what came before the
+        first reply (the prompt), between each reply and the next (its observation), and after the last. What
+        the model saw before reply k is `between_replies()[k]`; the env's answer to it, `between_replies()[k + 1]`."""
+        out, start = [], 0
+        for i in self.reply_indices():
+            out.append(self.messages[start:i])
+            start = i + 1
+        return [*out, self.messages[start:]]
+
     @property
     def key(self) -> tuple[str, int]:
         """(task_id, sample): identifies an episode within a run (used to resume)."""

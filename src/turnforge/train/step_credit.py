@@ -38,11 +38,7 @@ def reply_states(traj: Trajectory) -> list[str]:
     """What the model saw before each of its replies: the messages since its previous reply, joined.
 
     The first reply's state is the whole first prompt (system, task, first observation)."""
-    states, start = [], 0
-    for i in traj.reply_indices():
-        states.append("\n".join(m.content for m in traj.messages[start:i]))
-        start = i + 1
-    return states
+    return ["\n".join(m.content for m in seen) for seen in traj.between_replies()[:-1]]
 
 
 def step_returns(turns: int, reward: float, gamma: float) -> list[float]:
