@@ -70,7 +70,7 @@ def trajectory_examples(
     learned = [turn.learn for turn in traj.turns]
     replies = [i for i, learn in zip(traj.reply_indices(), learned, strict=True) if learn]
     if not traj.prompt_ids:
-        return conversation_examples(traj.messages, traj.tools, tokenizer, window, replies=replies) if replies else []
+        return conversation_examples(traj.messages, traj.tools, tokenizer, window, replies=replies)
     if any(turn.prompt_ids for turn in traj.turns):  # rolled out with a window: each turn has its own prompt
         return [assistant_mask(turn.prompt_ids, [(turn.generated_ids, [])]) for turn in traj.turns if turn.learn]
     if window is not None:

@@ -68,12 +68,13 @@ class SupportsExpert(Protocol):
     def expert_reply(self) -> Message: ...
 
 
-def expert_text(env: SupportsExpert) -> str:
-    """The expert's next reply as text in the env's format: its action, with the thought the env gives it
-    (`expert_thought()`, e.g. the household goal restated) when the env has one. What the `expert` policy writes,
-    and what a DPO pair's expert `chosen` reply is: one rendering, so that both teach the same format."""
+def expert_text(env: SupportsExpert, action: Message | None = None) -> str:
+    """The expert's next reply as text in the env's format: its action (or `action`, a noisy expert's mistake),
+    with the thought the env gives it (`expert_thought()`, e.g. the household goal restated) when the env has
+    one. What the `expert` policy writes, and what a DPO pair's expert `chosen` reply is: one rendering, so that
+    both teach the same format."""
     thought = env.expert_thought() if hasattr(env, "expert_thought") else None
-    return env.format.render(env.expert_reply(), thought=thought)
+    return env.format.render(action if action is not None else env.expert_reply(), thought=thought)
 
 
 @runtime_checkable

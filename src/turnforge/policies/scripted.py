@@ -101,8 +101,7 @@ class ExpertPolicy:
         actions = env.near_miss_actions() if kind == "slip" else env.admissible_actions()
         if not actions:
             return None
-        thought = env.expert_thought() if hasattr(env, "expert_thought") else None
-        return env.format.render(env.action_message(rng.choice(actions)), thought=thought)
+        return expert_text(env, env.action_message(rng.choice(actions)))
 
 
 class RandomPolicy:

@@ -283,13 +283,16 @@ class World:
         """Commands that look valid here and fail ("Nothing happens."), sorted: the verbs of this place with the
         wrong object or appliance (`heat apple 1 with fridge 1`), and valid commands with a number one off
         (`take mug 2` where mug 1 is, `go to cabinet 4` in a room of three): the slips a model makes."""
-        shifted = set()
-        for command in self.admissible():
-            for m in re.finditer(r"\b(\d+)\b", command):
-                for n in (int(m.group(1)) - 1, int(m.group(1)) + 1):
-                    if n >= 1:
-                        shifted.add(command[: m.start()] + str(n) + command[m.end() :])
-        return sorted(c for c in self._candidates() | shifted if not self.check(c).ok)
+        candidates = self._candidates()
+        valid = {c for c in candidates if self.check(c).ok}
+        shifted = {
+            command[: m.start()] + str(n) + command[m.end() :]
+            for command in valid
+            for m in re.finditer(r"\b(\d+)\b", command)
+            for n in (int(m.group(1)) - 1, int(m.group(1)) + 1)
+            if n >= 1
+        }
+        return sorted((candidates - valid) | {c for c in shifted if not self.check(c).ok})
 
     def _candidates(self) -> set[str]:
         """The commands a player could type here: those `admissible` keeps, and some that fail."""

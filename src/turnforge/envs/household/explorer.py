@@ -24,14 +24,14 @@ class Explorer:
 
     def next_action(self, w: World) -> str:
         g = w.goal
+        if w.held and w.objects[w.held].type != g["object"]:  # taken by someone else's mistake: put it back down
+            return _deliver(w, w.receptacles[w.at])
         if g["toggle"]:
             return self._look_task(w)
         placed = w.goal_objects_placed()
         if placed != self.placed:  # a delivery restarts the search for the next object
             self.placed, self.pointer = placed, -1
         held = w.objects[w.held] if w.held else None
-        if held is not None and held.type != g["object"]:  # taken by someone else's mistake: put it back down
-            return _deliver(w, w.receptacles[w.at])
         if held is not None:
             transform = g["transform"]
             if transform and not getattr(held, TRANSFORM_STATE[transform]):
@@ -47,8 +47,6 @@ class Explorer:
 
     def _look_task(self, w: World) -> str:
         g = w.goal
-        if w.held is not None and w.objects[w.held].type != g["object"]:  # not the object to examine: put it down
-            return _deliver(w, w.receptacles[w.at])
         if w.held is None:
             candidate = self._visible(w, g["object"])
             if candidate:
