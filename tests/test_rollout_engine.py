@@ -229,3 +229,44 @@ def test_a_server_backend_gets_one_request_per_call_up_to_its_limit(tasks):
     trajs = run_episodes(policy, partial(make_env, "household"), tasks[:8], 1, RolloutLimits(max_open=8))
     assert all(t.score.success for t in trajs)
     assert set(policy.sizes) == {1} and 1 < policy.most <= 4
+
+
+def test_a_replayed_prefix_is_played_not_asked_and_carries_its_learn_flag(tasks):
+    """`prefixes`: the recorded replies are stepped first; the policy is asked from the turn after them on."""
+    full = run_episodes(ExpertPolicy(), partial(make_env, "household"), tasks[:3], 1)
+    prefixes = {t.task_id: [Generation(turn.text, learn=False) for turn in t.turns[:2]] for t in full[:2]}
+    asked: list[tuple[str, int]] = []
+
+    class Recording(ExpertPolicy):
+        def generate(self, prompts, params):
+            asked.extend((p.task.id, p.turn) for p in prompts)
+            return super().generate(prompts, params)
+
+    restarted = run_episodes(Recording(), partial(make_env, "household"), tasks[:3], 2, prefixes=prefixes)
+    for traj in restarted:
+        original = next(t for t in full if t.task_id == traj.task_id)
+        assert traj.messages == original.messages and traj.score.success  # the same states, then the expert
+        replays = len(prefixes.get(traj.task_id, []))
+        assert [turn.learn for turn in traj.turns] == [False] * replays + [True] * (len(traj.turns) - replays)
+        assert min(turn for task, turn in asked if task == traj.task_id) == replays
+
+
+def test_a_restarted_greedy_episode_has_the_original_ids(tiny_model_dir, tasks):
+    """Token-exact restarts: replaying a greedy episode's first replies by their ids, then generating greedily,
+    gives the original episode id for id (prompt, replies, observation deltas)."""
+    from turnforge.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4)
+    env = partial(make_env, "household", max_steps=4)
+    limits = RolloutLimits(max_turns=4, max_format_errors=None, max_open=4)
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    greedy = run_episodes(policy, env, tasks[:4], 1, limits, params, renderer=policy.renderer)
+    prefixes = {
+        t.task_id: [Generation(x.text, x.generated_ids, x.logprobs, x.finish_reason, learn=False) for x in t.turns[:2]]
+        for t in greedy
+    }
+    again = run_episodes(policy, env, tasks[:4], 1, limits, params, renderer=policy.renderer, prefixes=prefixes)
+    for a, b in zip(greedy, again, strict=True):
+        assert len(a.turns) == 4 and a.prompt_ids == b.prompt_ids
+        assert [(t.generated_ids, t.observation_ids) for t in a.turns] == [(t.generated_ids, t.observation_ids) for t in b.turns]
+        assert [t.learn for t in b.turns] == [False, False, True, True]

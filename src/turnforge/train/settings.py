@@ -30,6 +30,7 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down", "sigmoid_norm")
 GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
+RESTARTS = ("none", "failures", "failures_only")
 PACKING = (False, True, "batch")
 
 
@@ -277,6 +278,12 @@ class GRPOSettings:
     """GiGPO's gamma: the episode reward discounted per turn back to each turn (0.95 in the paper)."""
     dynamic_sampling: bool = False
     """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
+    restarts: str = "none"
+    """Where groups start. "none": at the task's start. "failures": each task is first played once greedily;
+    if that fails, the group's episodes replay it up to the turn after its last progress gain and sample from
+    there (the replayed turns carry no loss). "failures_only": also swaps the tasks greedy solves for fresh
+    ones it fails (screened greedily, `resample_rounds` rounds). Costs the greedy episodes; the env must be
+    deterministic given the replies (no sampled user)."""
     resample_rounds: int = 2
     """How many times dynamic sampling may try again per generation batch."""
     lora: LoraSpec | None = None
@@ -310,6 +317,7 @@ class GRPOSettings:
             ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
             ("step_advantage_weight", self.step_advantage_weight >= 0, "0 (off) or more"),
             ("step_discount", 0 < self.step_discount <= 1, "in (0, 1]"),
+            ("restarts", self.restarts in RESTARTS, " or ".join(RESTARTS)),
         ])
         if isinstance(self.rewards, dict):
             self.rewards = RewardWeights(**self.rewards)
