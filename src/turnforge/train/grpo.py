@@ -187,7 +187,7 @@ class EpisodeRollouts:
         self.calls = 0
         self.episodes = 0
         self.greedy: list[bool] = []
-        """This batch's greedy episodes' success (`failure_restarts`), and how many of its groups restarted."""
+        """This batch's greedy episodes' success (`restarts`), and how many of its groups restarted."""
         self.restarted = 0
         self.step_advantages: list[list[float]] | None = None
         """The last batch's per-token step-level advantages (`step_advantage_weight` > 0), for `StepCreditGRPOTrainer`."""
