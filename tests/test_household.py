@@ -390,3 +390,36 @@ def test_near_misses_are_the_commands_that_look_valid_here_and_fail():
     ]
     for command in w.near_misses():
         assert w.check(command).ok is False
+
+
+@pytest.mark.parametrize("kind", ["pick_heat_then_place_in_recep", "look_at_obj_in_light", "pick_two_obj_and_place"])
+def test_thoughts_search_state_where_the_search_is_and_leave_the_actions_alone(kind):
+    """`thoughts=search`: the goal line + "searching R." for the receptacle the explorer goes to (or opens) in
+    its search, which decides its next `go to`; nothing while it carries the goal object to its place. The
+    actions are those of `thoughts=goal`."""
+    from turnforge.policies.scripted import ExpertPolicy
+    from turnforge.rollout import run_episodes
+
+    task = next(t for t in load_tasks("household", "train", limit=100) if t.category == kind)
+    episodes = {
+        thoughts: run_episodes(ExpertPolicy(), lambda t=thoughts: make_env("household", expert="explorer", thoughts=t),
+                               [task], 1, progress=False)[0]
+        for thoughts in ("goal", "search")
+    }
+    goal, search = episodes["goal"], episodes["search"]
+    assert search.score.success and [t.text.split("\nACTION: ")[1] for t in search.turns] == [
+        t.text.split("\nACTION: ")[1] for t in goal.turns]
+    searched = 0
+    for g, s in zip(goal.turns, search.turns, strict=True):
+        thought, action = s.text.removeprefix("THOUGHT: ").split("\nACTION: ")
+        assert thought.startswith(g.text.removeprefix("THOUGHT: ").split("\nACTION: ")[0])
+        note = thought.split(". ", 1)[1] if ". " in thought else ""
+        if action.startswith(("go to ", "open ")) and note:
+            target = action.removeprefix("go to ").removeprefix("open ")
+            assert note == f"searching {target}.", s.text
+            searched += 1
+        if action.startswith(("heat ", "put ")):
+            assert note == "", s.text  # carrying the goal object: no search under way
+    assert searched >= 1
+    with pytest.raises(ValueError, match="explorer"):
+        make_env("household", thoughts="search")

@@ -73,8 +73,9 @@ def expert_text(env: SupportsExpert, action: Message | None = None) -> str:
     with the thought the env gives it (`expert_thought()`, e.g. the household goal restated) when the env has
     one. What the `expert` policy writes, and what a DPO pair's expert `chosen` reply is: one rendering, so that
     both teach the same format."""
+    reply = action if action is not None else env.expert_reply()  # first: a thought may state what it decided
     thought = env.expert_thought() if hasattr(env, "expert_thought") else None
-    return env.format.render(action if action is not None else env.expert_reply(), thought=thought)
+    return env.format.render(reply, thought=thought)
 
 
 @runtime_checkable

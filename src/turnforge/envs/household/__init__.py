@@ -50,7 +50,8 @@ SPEC = register_env(
             EnvOption("expert", str, "oracle", "scripted solver: oracle (knows where things are) or explorer "
                       "(searches like an agent; learnable by imitation)", ("oracle", "explorer")),
             EnvOption("thoughts", str, "none", "what the expert writes as its THOUGHT before each action: none, or "
-                      "goal (the goal restated in one canonical line)", ("none", "goal")),
+                      "goal (the goal restated in one canonical line), or search (also where the explorer's search is)",
+                      ("none", "goal", "search")),
             EnvOption("seed", int, 0, "generator seed of the task splits"),
             EnvOption("step_delay_ms", int, 0, "each step sleeps this long: stands in for a slow env (a sandbox, "
                       "a simulated user) in benchmarks and tests of the rollout engine", at_least=0),

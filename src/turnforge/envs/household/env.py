@@ -99,8 +99,10 @@ class HouseholdEnv:
         if expert not in ("oracle", "explorer"):
             raise ValueError(f"expert must be 'oracle' or 'explorer', got {expert!r}")
         self.expert = expert
-        if thoughts not in ("none", "goal"):
-            raise ValueError(f"thoughts must be 'none' or 'goal', got {thoughts!r}")
+        if thoughts not in ("none", "goal", "search"):
+            raise ValueError(f"thoughts must be 'none', 'goal' or 'search', got {thoughts!r}")
+        if thoughts == "search" and expert != "explorer":
+            raise ValueError("thoughts='search' states the explorer's search; it needs expert='explorer'")
         if thoughts != "none" and not self.format.thoughts:
             raise ValueError(f"thoughts={thoughts!r}: the {self.format.name} format has no place for a thought")
         self.thoughts = thoughts
@@ -193,8 +195,12 @@ class HouseholdEnv:
         return action_message(self.format, action)
 
     def expert_thought(self) -> str | None:
-        """The THOUGHT the expert writes before its next action (`thoughts=goal`: the goal restated), or None."""
-        return goal_thought(self.world.goal) if self.thoughts == "goal" else None
+        """The THOUGHT the expert writes with its next action (`thoughts=goal`: the goal restated; `search`: also
+        the place its search is at), or None. Asked after `expert_reply()`, so it states the decided search."""
+        if self.thoughts == "none":
+            return None
+        goal = goal_thought(self.world.goal)
+        return goal if self.thoughts == "goal" else f"{goal} {self._explorer.search_note(self.world)}".rstrip()
 
     def expert_reply(self) -> Message:
         if self.expert == "explorer":

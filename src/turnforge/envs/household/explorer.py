@@ -45,6 +45,13 @@ class Explorer:
             return f"take {candidate} from {w.at}"
         return self._search(w, g["object"], skip_type=g["receptacle"] if not g["transform"] else None)
 
+    def search_note(self, w: World) -> str:
+        """Where the search is (`thoughts=search`): the receptacle it last went to search, which decides the next
+        `go to` but is otherwise in no text the agent sees; "" when no search is under way."""
+        if self.pointer < 0 or (w.held and not w.goal["toggle"]):  # none begun, or carrying the goal object
+            return ""
+        return f"searching {list(w.receptacles)[self.pointer]}."
+
     def _look_task(self, w: World) -> str:
         g = w.goal
         if w.held is None:
