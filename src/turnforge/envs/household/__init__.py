@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.household.catalog import TASK_TYPES, is_plausible
-from turnforge.envs.household.env import HouseholdEnv
+from turnforge.envs.household.env import THOUGHTS, HouseholdEnv
 from turnforge.envs.household.scene import SPLITS, Knobs, generate_split
 from turnforge.formats import list_formats
 from turnforge.types import Task
@@ -51,7 +51,7 @@ SPEC = register_env(
                       "(searches like an agent; learnable by imitation)", ("oracle", "explorer")),
             EnvOption("thoughts", str, "none", "what the expert writes as its THOUGHT before each action: none, or "
                       "goal (the goal restated in one canonical line), or search (also where the explorer's search is)",
-                      ("none", "goal", "search")),
+                      THOUGHTS),
             EnvOption("seed", int, 0, "generator seed of the task splits"),
             EnvOption("step_delay_ms", int, 0, "each step sleeps this long: stands in for a slow env (a sandbox, "
                       "a simulated user) in benchmarks and tests of the rollout engine", at_least=0),

@@ -24,6 +24,9 @@ from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
 from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
 
+THOUGHTS = ("none", "goal", "search")
+"""What the expert may write as its THOUGHT (the `thoughts` option)."""
+
 # The household action as a tool, for the tool_call format.
 ACTION_TOOL = {
     "type": "function",
@@ -99,8 +102,8 @@ class HouseholdEnv:
         if expert not in ("oracle", "explorer"):
             raise ValueError(f"expert must be 'oracle' or 'explorer', got {expert!r}")
         self.expert = expert
-        if thoughts not in ("none", "goal", "search"):
-            raise ValueError(f"thoughts must be 'none', 'goal' or 'search', got {thoughts!r}")
+        if thoughts not in THOUGHTS:
+            raise ValueError(f"thoughts must be one of {', '.join(map(repr, THOUGHTS))}, got {thoughts!r}")
         if thoughts == "search" and expert != "explorer":
             raise ValueError("thoughts='search' states the explorer's search; it needs expert='explorer'")
         if thoughts != "none" and not self.format.thoughts:
