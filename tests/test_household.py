@@ -10,7 +10,16 @@ from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.envs.household.catalog import CAN_CONTAIN, TASK_TYPES, is_plausible
 from turnforge.envs.household.engine import World
 from turnforge.envs.household.expert import expert_plan
-from turnforge.envs.household.scene import display_names, generate_task, is_held_out, pddl_id
+from turnforge.envs.household.scene import (
+    SPLITS,
+    Knobs,
+    display_names,
+    entity_names,
+    generate_split,
+    generate_task,
+    is_held_out,
+    pddl_id,
+)
 from turnforge.formats.base import FormatError
 from turnforge.types import Message, StopReason, Task
 
@@ -423,3 +432,16 @@ def test_thoughts_search_state_where_the_search_is_and_leave_the_actions_alone(k
     assert searched >= 1
     with pytest.raises(ValueError, match="explorer"):
         make_env("household", thoughts="search")
+
+
+@pytest.mark.parametrize("knobs", [Knobs(), Knobs(receptacles=0.3, distractors=0), Knobs(receptacles=0.5, distractors=20)])
+def test_entity_names_hold_every_name_a_generated_room_shows(knobs):
+    """`entity_names` is the tokenizer's list of whole names: no generated room may show one it lacks."""
+    names = set(entity_names(knobs))
+    shown = set()
+    for split in SPLITS:
+        for task in generate_split(split, 400, knobs=knobs):
+            ids = [r["id"] for r in task["receptacles"]] + [o["id"] for o in task["objects"]]
+            shown |= set(display_names(ids).values()) | {f"loc {r['loc']}" for r in task["receptacles"]}
+    assert shown <= names, sorted(shown - names)
+    assert len(shown) > 100

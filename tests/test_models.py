@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from peft import PeftModel
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
+from turnforge.envs.household.scene import entity_names
 from turnforge.models import LoraSpec, load_model, merge_and_save
 from turnforge.models.chat import trl_chat_template
 from turnforge.models.tiny import QWEN3_ADDED_TOKENS, SIZES, build_tiny_model, resolve_model, tiny_config
@@ -43,6 +44,18 @@ def test_tiny_model_is_a_small_qwen3_with_qwen3s_chat_tokens_and_template(tiny_m
     assert info["size"] == "tiny" and info["parameters"] == model.num_parameters()
     # the household's words are whole tokens: the BPE learned from the env's text
     assert tokenizer.tokenize(" countertop") == ["Ġcountertop"]
+
+
+def test_tiny_tokenizer_holds_every_household_name_as_one_token(tokenizer):
+    """A name and its number are one token (`TINY_SPLIT`), the rare ones too (`EnvSpec.vocabulary`)."""
+    names = entity_names()
+    assert {"cabinet 7", "apple 11", "sinkbasin 1", "loc 63"} <= set(names)
+    assert [n for n in names if len(tokenizer.tokenize(" " + n)) != 1] == []
+    text = "You arrive at loc 11. On the cabinet 12, you see a kettle 1, and a soapbottle 2."
+    assert tokenizer.tokenize(text)[:7] == ["You", "Ġarrive", "Ġat", "ĠlocĠ11", ".", "ĠOn", "Ġthe"]
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    # numbers alone stay numbers, with their space: " 12" in "ACTION: 12" or "top 3 rows"
+    assert tokenizer.decode(tokenizer.encode("LIMIT 12;")) == "LIMIT 12;"
 
 
 def test_tiny_tokenizer_renders_tools_and_tool_calls_like_qwen3(tokenizer):

@@ -129,6 +129,9 @@ class EnvSpec:
     """Model roles the env's options ask for (e.g. `user=hf:PATH`): (options, agent policy spec) -> {role:
     (policy spec, or a ready scripted policy; sampling overrides)}. The eval runner builds the policies and
     passes them as `roles=` (eval/runner.py `env_roles`); the env never builds a model."""
+    vocabulary: Callable[[dict[str, Any]], list[str]] | None = None
+    """Names the env's text can hold (e.g. household's "cabinet 7"), for its options: a tokenizer trained on the
+    env's text (the tiny model's, `models/tiny.py`) gets each as one token, also those no sample of episodes shows."""
 
     def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate `--env-opt` values (strings from the CLI or typed values from code)."""

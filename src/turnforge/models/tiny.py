@@ -4,7 +4,8 @@ Nothing is downloaded. `build_tiny_model(out_dir)`:
   1. runs the env's expert on a few hundred train tasks for every grammar and for the act_line and tool_call
      formats, and renders each episode with the chat template (system prompts, tool schemas, observations,
      expert actions, the template's own text);
-  2. trains a byte-level BPE on it (Qwen2/Qwen3's pre-tokenizer regex, no normalizer, so any text round-trips:
+  2. trains a byte-level BPE on it and on the env's names (`EnvSpec.vocabulary`), with Qwen2/Qwen3's pre-tokenizer
+     regex but a word and its number as one piece (`TINY_SPLIT`), no normalizer, so any text round-trips:
      `decode(encode(x)) == x`) and adds Qwen3's added tokens with Qwen3's flags (`<|im_start|>`, `<|im_end|>`,
      `<|endoftext|>`... special; `<tool_call>`, `<tool_response>`, `<think>`... plain added tokens);
   3. sets the chat template to Qwen3-4B-Instruct-2507's, read from the installed TRL package
@@ -13,8 +14,8 @@ Nothing is downloaded. `build_tiny_model(out_dir)`:
   4. initialises a small `Qwen3ForCausalLM` (see `SIZES`) and saves both with `save_pretrained`, loadable by
      the same `load_model` that real models go through.
 
-Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-trips exactly), and a vocab of
-~3k instead of 151k. A recipe's `model = "tiny"` builds it once under the run's cache (`resolve_model`).
+Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-trips exactly), a word and the
+number after it as one piece (`TINY_SPLIT`), and a vocab of ~2k instead of 151k. A recipe's `model = "tiny"` builds it once under the run's cache (`resolve_model`).
 
 This module sits above the rollout engine (it plays the env's expert for its corpus), so `turnforge.models`,
 which the rollout engine's chat rendering lives in, does not import it: import it as `turnforge.models.tiny`.
@@ -75,6 +76,14 @@ QWEN3_ADDED_TOKENS: list[tuple[str, bool]] = [
 QWEN_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# The tiny tokenizer's split: Qwen's, except that a word and the number after it ("cabinet 12", "apple 2") are one
+# piece, and so one token once BPE has merged it: the model copies an entity's name from an observation as one
+# token. With the name and its digits apart, a "take apple 1" for the "apple 2" just seen was the tiny model's most
+# frequent failure in some trainings (docs/quickstart.md, "Eighth session").
+TINY_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+(?: \p{N}+)?| ?\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -90,12 +99,12 @@ class TinySize:
 
 
 SIZES: dict[str, TinySize] = {
-    "tiny": TinySize(256, 512, 4, 4, 2, 64),  # 2.6 M parameters with the household vocab (963): the default
-    "small": TinySize(384, 896, 6, 6, 2, 64),  # 8.9 M parameters with the household vocab
+    "tiny": TinySize(256, 512, 4, 4, 2, 64),  # 2.8 M parameters with the household vocab (1,678): the default
+    "small": TinySize(384, 896, 6, 6, 2, 64),  # 9.2 M parameters with the household vocab
 }
 VOCAB_SIZE = 3072
 """Vocab cap (BPE merges + byte alphabet + Qwen3's 26 added tokens). BPE stops once every word of the corpus is
-one token, so the household corpus gives 963: its language is small."""
+one token, so the household corpus and its 673 names give 1,678: its language is small."""
 MAX_POSITIONS = 4096
 """RoPE context of the tiny model: room for a 50-step household episode in the tool_call format."""
 CORPUS_TASKS = 300
@@ -164,6 +173,8 @@ def env_corpus(env: str, env_options: dict[str, Any]) -> Iterator[str]:
                 chat_template=template, add_generation_prompt=True,
             )
             yield text[0]
+    if spec.vocabulary is not None:  # names no sampled episode showed still become whole tokens
+        yield "".join(f" {name}" for name in spec.vocabulary(env_options))
 
 
 def _variants(spec: Any, env_options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -201,7 +212,7 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
     splitter = re.compile("|".join(re.escape(t) for t in added))
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.Split(Regex(TINY_SPLIT), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.household.catalog import TASK_TYPES, is_plausible
 from turnforge.envs.household.env import THOUGHTS, HouseholdEnv
-from turnforge.envs.household.scene import SPLITS, Knobs, generate_split
+from turnforge.envs.household.scene import SPLITS, Knobs, entity_names, generate_split
 from turnforge.formats import list_formats
 from turnforge.types import Task
 
@@ -33,6 +33,11 @@ def _make(**options) -> HouseholdEnv:
     return HouseholdEnv(**options)
 
 
+def _vocabulary(options: dict) -> list[str]:
+    knobs = Knobs(**{k: options[k] for k in ("receptacles", "distractors") if k in options})
+    return entity_names(knobs)
+
+
 SPEC = register_env(
     EnvSpec(
         name="household",
@@ -41,6 +46,7 @@ SPEC = register_env(
         load_tasks=load_tasks,
         categories=TASK_TYPES,
         splits=SPLITS,
+        vocabulary=_vocabulary,
         options=[
             EnvOption("grammar", str, "0.3", "ALFWorld grammar: 0.3 (put X in/on Y) or 0.4 (move X to Y)", ("0.3", "0.4")),
             EnvOption("hints", bool, False, "replace 'Nothing happens.' by an actionable correction"),

@@ -215,6 +215,23 @@ def _number_objects(rng: random.Random, placements: list[tuple[str, dict]]) -> l
     return sorted(objects, key=lambda o: o["id"])
 
 
+def entity_names(knobs: Knobs = Knobs()) -> list[str]:
+    """Every name a room generated with `knobs` can show: "cabinet 7", "apple 11", "loc 64" (the 0.3 grammar's
+    places). Bounds: a receptacle type's most in any scene, an object type's most (the goal's three plus every
+    distractor), the highest "loc" number `_make_receptacles` can draw."""
+    def count(lo: int, hi: int) -> int:  # as `_build_scene` scales a type's count, at its highest draw
+        return max(1, lo, min(hi, round(hi * knobs.receptacles)))
+
+    most: dict[str, int] = {}
+    for recs in SCENES.values():
+        for rtype, (lo, hi) in recs.items():
+            most[rtype] = max(most.get(rtype, 0), count(lo, hi))
+    locs = 9 + 2 * max(sum(count(lo, hi) for lo, hi in recs.values()) for recs in SCENES.values())
+    most |= {otype: 3 + knobs.distractors for otype in OBJECTS}
+    names = [_base_name(pddl_id(t, k).lower()) + f" {k}" for t, n in most.items() for k in range(1, n + 1)]
+    return names + [f"loc {k}" for k in range(1, locs + 1)]
+
+
 def generate_split(split: str, n: int | None = None, seed: int = 0, knobs: Knobs = Knobs()) -> list[dict]:
     if split not in SPLITS:
         raise ValueError(f"household has no split {split!r}; splits are {', '.join(SPLITS)}")
