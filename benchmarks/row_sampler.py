@@ -3,7 +3,7 @@
 `RowSampler` draws each row's Gumbel noise from that row's own generator (one `torch.rand(vocab)` per row,
 in a Python loop) so that a reply does not depend on what shares its batch; transformers samples the whole
 batch at once (softmax, then one `torch.multinomial` from the global generator). This times one decoding
-step's sampling of each, on random logits: the tiny model's vocabulary (963) and Qwen3's (151,936), batch 8
+step's sampling of each, on random logits: the tiny model's vocabulary as measured (963) and Qwen3's (151,936), batch 8
 and 64. Prints milliseconds per step and the ratio.
 
     .venv/bin/python benchmarks/row_sampler.py                   # CPU
