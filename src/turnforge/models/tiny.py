@@ -15,7 +15,8 @@ Nothing is downloaded. `build_tiny_model(out_dir)`:
      the same `load_model` that real models go through.
 
 Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-trips exactly), a word and the
-number after it as one piece (`TINY_SPLIT`), and a vocab of ~2k instead of 151k. A recipe's `model = "tiny"` builds it once under the run's cache (`resolve_model`).
+number after it as one piece (`TINY_SPLIT`), and a vocab of ~2k instead of 151k. A recipe's `model = "tiny"`
+builds it once under the run's cache (`resolve_model`).
 
 This module sits above the rollout engine (it plays the env's expert for its corpus), so `turnforge.models`,
 which the rollout engine's chat rendering lives in, does not import it: import it as `turnforge.models.tiny`.

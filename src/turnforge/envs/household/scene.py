@@ -216,7 +216,7 @@ def _number_objects(rng: random.Random, placements: list[tuple[str, dict]]) -> l
 
 
 def entity_names(knobs: Knobs = Knobs()) -> list[str]:
-    """Every name a room generated with `knobs` can show: "cabinet 7", "apple 11", "loc 64" (the 0.3 grammar's
+    """Every name a room generated with `knobs` can show: "cabinet 7", "apple 11", "loc 63" (the 0.3 grammar's
     places). Bounds: a receptacle type's most in any scene, an object type's most (the goal's three plus every
     distractor), the highest "loc" number `_make_receptacles` can draw."""
     def count(lo: int, hi: int) -> int:  # as `_build_scene` scales a type's count, at its highest draw
