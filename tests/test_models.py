@@ -54,7 +54,7 @@ def test_tiny_tokenizer_holds_every_household_name_as_one_token(tokenizer):
     text = "You arrive at loc 11. On the cabinet 12, you see a kettle 1, and a soapbottle 2."
     assert tokenizer.tokenize(text)[:7] == ["You", "Ġarrive", "Ġat", "ĠlocĠ11", ".", "ĠOn", "Ġthe"]
     assert tokenizer.decode(tokenizer.encode(text)) == text
-    # numbers alone stay numbers, with their space: " 12" in "ACTION: 12" or "top 3 rows"
+    # a word and number the corpus never had is pieces, and the text still round-trips
     assert tokenizer.decode(tokenizer.encode("LIMIT 12;")) == "LIMIT 12;"
 
 

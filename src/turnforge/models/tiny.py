@@ -73,14 +73,11 @@ QWEN3_ADDED_TOKENS: list[tuple[str, bool]] = [
     ("</think>", False),
 ]
 
-# Qwen2 / Qwen3's pre-tokenizer split (tokenizer.json of Qwen/Qwen3-4B-Instruct-2507).
-QWEN_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# The tiny tokenizer's split: Qwen's, except that a word and the number after it ("cabinet 12", "apple 2") are one
-# piece, and so one token once BPE has merged it: the model copies an entity's name from an observation as one
-# token. With the name and its digits apart, a "take apple 1" for the "apple 2" just seen was the tiny model's most
-# frequent failure in some trainings (docs/quickstart.md, "Eighth session").
+# The tiny tokenizer's split: Qwen2 / Qwen3's (tokenizer.json of Qwen/Qwen3-4B-Instruct-2507), except that a word
+# and the number after it ("cabinet 12", "apple 2") are one piece, and so one token once BPE has merged it: the
+# model copies an entity's name from an observation as one token. With the name and its digits apart, a "take
+# apple 1" for the "apple 2" just seen was the tiny model's most frequent failure in some trainings
+# (docs/quickstart.md, "Eighth session"). Qwen's reads `\p{L}+|\p{N}|` where this reads `\p{L}+(?: \p{N}+)?| ?\p{N}+|`.
 TINY_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+(?: \p{N}+)?| ?\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"

@@ -31,6 +31,7 @@ from turnforge.envs.household.catalog import (
 SPLITS = ("train", "valid_seen", "test")
 SPLIT_SIZES = {"train": 6000, "valid_seen": 300, "test": 3000}
 HELD_OUT_PERCENT = 25
+MOST_TARGETS = 3  # goal objects in a room: 2-3 for "put two", 1-2 otherwise
 
 GOAL_TEMPLATES = {
     "pick_and_place_simple": ("put a {obj} in {recep}", "put some {obj} on {recep}"),
@@ -137,8 +138,7 @@ def generate_task(split: str, index: int, seed: int = 0, knobs: Knobs = Knobs())
 def _build_scene(rng: random.Random, task_type: str, scene: str, obj: str, recep: str, knobs: Knobs) -> dict:
     counts = {}
     for rtype, (lo, hi) in SCENES[scene].items():
-        n = rng.randint(lo, hi)
-        counts[rtype] = max(lo, min(hi, round(n * knobs.receptacles)))
+        counts[rtype] = _scaled_count(rng.randint(lo, hi), lo, hi, knobs)
     if task_type == "look_at_obj_in_light":
         holder = rng.choice([r for r in LAMP_HOLDERS if r in counts])
         counts[holder] = max(1, counts[holder])
@@ -154,7 +154,7 @@ def _build_scene(rng: random.Random, task_type: str, scene: str, obj: str, recep
         by_type.setdefault(r["type"], []).append(r)
 
     placements: list[tuple[str, dict]] = []
-    n_targets = {"pick_two_obj_and_place": rng.randint(2, 3)}.get(task_type, rng.randint(1, 2))
+    n_targets = {"pick_two_obj_and_place": rng.randint(2, MOST_TARGETS)}.get(task_type, rng.randint(1, 2))
     sources = [r for r in receptacles if obj in CAN_CONTAIN[r["type"]] and r["type"] not in avoid]
     for _ in range(n_targets):
         placements.append((obj, rng.choice(sources)))
@@ -186,9 +186,19 @@ def _build_scene(rng: random.Random, task_type: str, scene: str, obj: str, recep
     }
 
 
+def _scaled_count(n: int, lo: int, hi: int, knobs: Knobs) -> int:
+    """A receptacle type's count in a room: its scene's draw `n` scaled by `knobs.receptacles`, kept in [lo, hi]."""
+    return max(lo, min(hi, round(n * knobs.receptacles)))
+
+
+def _loc_numbers(total: int) -> range:
+    """The "loc N" numbers (0.3 grammar) a room of `total` receptacles draws from."""
+    return range(1, 10 + 2 * total)
+
+
 def _make_receptacles(rng: random.Random, counts: dict[str, int], knobs: Knobs) -> list[dict]:
     total = sum(counts.values())
-    locs = rng.sample(range(1, 10 + 2 * total), total)  # "loc N" numbers of the 0.3 grammar
+    locs = rng.sample(_loc_numbers(total), total)
     receptacles = []
     for rtype in sorted(counts):
         for k in range(1, counts[rtype] + 1):
@@ -219,17 +229,17 @@ def entity_names(knobs: Knobs = Knobs()) -> list[str]:
     """Every name a room generated with `knobs` can show: "cabinet 7", "apple 11", "loc 63" (the 0.3 grammar's
     places). Bounds: a receptacle type's most in any scene, an object type's most (the goal's three plus every
     distractor), the highest "loc" number `_make_receptacles` can draw."""
-    def count(lo: int, hi: int) -> int:  # as `_build_scene` scales a type's count, at its highest draw
-        return max(1, lo, min(hi, round(hi * knobs.receptacles)))
+    def count(lo: int, hi: int) -> int:  # at the highest draw; a goal's receptacle is added where the draw gave 0
+        return max(1, _scaled_count(hi, lo, hi, knobs))
 
     most: dict[str, int] = {}
     for recs in SCENES.values():
         for rtype, (lo, hi) in recs.items():
             most[rtype] = max(most.get(rtype, 0), count(lo, hi))
-    locs = 9 + 2 * max(sum(count(lo, hi) for lo, hi in recs.values()) for recs in SCENES.values())
-    most |= {otype: 3 + knobs.distractors for otype in OBJECTS}
+    total = max(sum(count(lo, hi) for lo, hi in recs.values()) for recs in SCENES.values())
+    most |= {otype: MOST_TARGETS + knobs.distractors for otype in OBJECTS}
     names = [_base_name(pddl_id(t, k).lower()) + f" {k}" for t, n in most.items() for k in range(1, n + 1)]
-    return names + [f"loc {k}" for k in range(1, locs + 1)]
+    return names + [f"loc {k}" for k in _loc_numbers(total)]
 
 
 def generate_split(split: str, n: int | None = None, seed: int = 0, knobs: Knobs = Knobs()) -> list[dict]:
