@@ -1,9 +1,10 @@
 """SFT step time and memory on a CPU: float32 vs bf16 autocast (padded to 128, as turnforge does) vs bf16 unpadded,
-and bf16 with each batch's episodes packed into rows (`packing = "batch"`).
+bf16 with each batch's episodes packed into rows (`packing = "batch"`), and bf16 with the prefix every episode of a
+batch shares (the system prompt and the room's opening) run once (`packing = "prefix"`).
 
 The quickstart's setting: the tiny model, 8 household expert episodes a step (~670 tokens each, with the goal
 THOUGHT lines), TRL's SFTTrainer.
-One run times the four modes on the same data in turn: the mean step over all steps (oneDNN's kernel builds
+One run times the five modes on the same data in turn: the mean step over all steps (oneDNN's kernel builds
 in the first steps included) and in steady state (the steps after `--warmup`); memory is the process's resident
 size after the steps (each mode in its own process, so one's caches do not count against another's).
 
@@ -26,6 +27,7 @@ MODES = {
     "bf16, padded to 128": ({}, {"bf16": True}),
     "bf16, unpadded": ({}, {"bf16": True, "pad_to_multiple_of": None}),
     "bf16, padded to 128, packed per batch": ({"packing": "batch"}, {"bf16": True}),
+    "bf16, padded to 128, shared prefix run once": ({"packing": "prefix"}, {"bf16": True}),
 }
 
 
@@ -38,7 +40,7 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     from turnforge.policies.scripted import ExpertPolicy
     from turnforge.rollout import run_episodes
     from turnforge.train.settings import SFTSettings
-    from turnforge.train.sft import build_dataset, build_trainer
+    from turnforge.train.sft import SharedPrefixSFTTrainer, build_dataset, build_trainer, shared_prefix_length
 
     options = {"grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0, "max_steps": 30,
                "thoughts": "goal"}
@@ -56,7 +58,13 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     dataset, _ = build_dataset([str(data)], tokenizer, settings)
     trainer = build_trainer(lm, tokenizer, dataset, work / mode.replace(" ", "_").replace(",", ""), settings)
     loader = trainer.get_train_dataloader()  # what the steps compute on: rows x padded width
-    computed = sum(batch["input_ids"].numel() for batch in loader) / len(loader)
+    def tokens(batch) -> int:  # a shared prefix is computed for one row, not for each
+        if not isinstance(trainer, SharedPrefixSFTTrainer):
+            return batch["input_ids"].numel()
+        p = shared_prefix_length(batch["input_ids"], batch["labels"], batch.get("attention_mask"), trainer.PREFIX_BLOCK)
+        return batch["input_ids"].numel() - p * (batch["input_ids"].shape[0] - 1)
+
+    computed = sum(tokens(batch) for batch in loader) / len(loader)
     ends: list[float] = []
 
     class StepEnds(TrainerCallback):

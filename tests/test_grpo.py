@@ -12,11 +12,14 @@ from turnforge.models import load_model
 from turnforge.policies.base import Generation
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.train.grpo import (
+    COMPONENTS,
+    EpisodeGRPOTrainer,
     EpisodeRollouts,
     GRPOSettings,
     component_reward,
     episode_sequence,
     grpo_config,
+    real_spans,
     restart_turn,
     run_grpo,
     task_dataset,
@@ -121,6 +124,47 @@ def test_trl_receives_env_mask_as_its_tool_mask(household_sft_model_dir, tmp_pat
         assert batch["tool_mask"][i, : len(mask)].tolist() == ([0] * len(mask) if truncated else mask)
         observed = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
         assert "<|im_start|>user" in observed  # what is masked out is the env's turn, header included
+
+
+def test_real_spans_find_each_rows_run_of_real_tokens():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    assert real_spans(mask) == [(2, 5), (0, 6), (0, 0)]
+    assert real_spans(torch.tensor([[1, 0, 1]])) is None  # a hole: not one run
+
+
+def test_episode_scoring_gives_trls_log_probs_entropies_and_gradients(household_sft_model_dir, tmp_path):
+    """Each episode scored on its own tokens (sorted, 4 rows a chunk, no padding mask) gives TRL's padded-batch
+    log-probabilities and entropies on every real completion token, and the same gradient (float32)."""
+    from trl import GRPOTrainer
+
+    model, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
+    tasks = load_tasks("household", "train", limit=3, **ENV_OPTIONS)
+    settings = GRPOSettings(steps=1, tasks_per_step=3, num_generations=3, max_new_tokens=12, temperature=1.0,
+                            trl={"pad_to_multiple_of": 16})
+    trainer = EpisodeGRPOTrainer(
+        model=model, reward_funcs=[component_reward(n) for n in COMPONENTS], args=grpo_config(tmp_path, settings),
+        train_dataset=task_dataset("household", ENV_OPTIONS, tasks), processing_class=tokenizer,
+        rollout_func=EpisodeRollouts("household", ENV_OPTIONS, tasks, tokenizer, settings),
+    )
+    batch = trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (0, 0, 0, 1, 1, 1, 2, 2, 2)])
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    keep = batch["completion_ids"].shape[1]
+    lengths = {e - s for s, e in real_spans(mask)}
+    assert len(lengths) > 1 and (mask == 0).any(), "the batch must hold episodes of several lengths"
+    scored = batch["completion_mask"].bool()
+    results = []
+    for score in (EpisodeGRPOTrainer._get_per_token_logps_and_entropies, GRPOTrainer._get_per_token_logps_and_entropies):
+        model.zero_grad()
+        logps, entropies, _ = score(trainer, model, ids, mask, keep, compute_entropy=True)
+        (logps * scored).sum().backward()
+        results.append((logps.detach(), entropies.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (ours, our_entropy, our_grads), (trls, trl_entropy, trl_grads) = results
+    assert torch.allclose(ours[scored], trls[scored], atol=1e-4)
+    assert torch.allclose(our_entropy[scored], trl_entropy[scored], atol=1e-4)
+    assert (ours[~scored] == 0).all()
+    for name, grad in trl_grads.items():
+        assert torch.allclose(our_grads[name], grad, rtol=1e-3, atol=1e-5), name
 
 
 def test_two_grpo_steps_change_every_parameter(household_sft_model_dir, tmp_path):

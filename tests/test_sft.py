@@ -21,16 +21,19 @@ from transformers.masking_utils import find_packed_sequence_indices
 
 from turnforge.data.sft import SFTExample
 from turnforge.models import LoraSpec
+from turnforge.train import sft as sft_module
 from turnforge.train.settings import SettingsError
 from turnforge.train.sft import (
     METRICS_FILE,
     MODEL_DIR,
     BatchRowPacker,
     SFTSettings,
+    SharedPrefixSFTTrainer,
     build_dataset,
     build_trainer,
     fit_to_length,
     run_sft,
+    shared_prefix_length,
 )
 from turnforge.types import Message, Score, StopReason, Trajectory, Turn
 
@@ -358,6 +361,63 @@ def test_batch_packing_trains_and_changes_every_parameter(tmp_path, tokenizer, b
         assert [name for name in before if torch.equal(before[name], after[name])] == []
         tokens[packing] = [json.loads(line)["num_tokens"] for line in (out / METRICS_FILE).read_text().splitlines()]
     assert tokens[False] == tokens["batch"] == [3 * n, 6 * n]
+
+
+def test_shared_prefix_length_stops_before_the_token_ahead_of_the_first_label():
+    """Rows share tokens 0-4; the first label is at position 4, predicted from position 3: the prefix is 0-2."""
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0], [1, 2, 3, 4, 5, 8, 9, 9]])
+    labels = torch.full_like(ids, -100)
+    labels[0, 4:7] = ids[0, 4:7]
+    labels[1, 6:] = ids[1, 6:]
+    mask = torch.tensor([[1] * 7 + [0], [1] * 8])
+    assert shared_prefix_length(ids, labels, mask, block=1) == 3
+    assert shared_prefix_length(ids, labels, mask, block=2) == 2  # rounded down to whole blocks
+    assert shared_prefix_length(ids[:1], labels[:1], mask[:1], block=1) == 0  # one row: nothing to share
+    late = torch.full_like(ids, -100)
+    late[:, 7] = 5
+    assert shared_prefix_length(ids, late, mask, block=1) == 5  # the rows part at position 5
+    padded = mask.clone()
+    padded[1, 1] = 0
+    assert shared_prefix_length(ids, late, padded, block=1) == 1  # a masked token is not shared
+
+
+def test_shared_prefix_gives_the_unshared_loss_and_gradient(tmp_path, tokenizer, base_dir, monkeypatch):
+    """Three episodes that share the system prompt and the first observation: the batch computed with the prefix
+    run once gives the plain batch's loss and every parameter's gradient (float32)."""
+    monkeypatch.setattr(SharedPrefixSFTTrainer, "PREFIX_BLOCK", 1)
+    episodes = [EPISODE, EPISODE[:2], [EPISODE[0], ("You pick up the apple 1.", "ACTION: go to countertop 1")]]
+    data = write_jsonl(tmp_path / "t.jsonl", [token_exact_trajectory(tokenizer, e).to_json() for e in episodes])
+    grads, losses = [], []
+    for packing in (False, "prefix"):
+        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        settings = SFTSettings(batch_size=3, packing=packing, max_length=256)
+        dataset, _ = build_dataset([str(data)], tokenizer, settings)
+        trainer = build_trainer(model, tokenizer, dataset, tmp_path / f"prefix_{packing}", settings)
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
+        first_label = int((batch["labels"] != -100).any(dim=0).nonzero()[0])
+        assert shared_prefix_length(batch["input_ids"], batch["labels"], batch["attention_mask"], 1) == first_label - 1
+        loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=(batch["labels"] != -100).sum())
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    assert isinstance(trainer, SharedPrefixSFTTrainer)
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5), losses
+    for name, grad in grads[0].items():
+        assert grad.abs().sum() > 0, name
+        assert torch.allclose(grad, grads[1][name], rtol=1e-4, atol=1e-7), name
+
+
+def test_shared_prefix_training_changes_every_parameter(tmp_path, tokenizer, base_dir, monkeypatch):
+    monkeypatch.setattr(SharedPrefixSFTTrainer, "PREFIX_BLOCK", 4)
+    shared = []
+    monkeypatch.setattr(sft_module, "shared_prefix_length", lambda *a: shared.append(shared_prefix_length(*a)) or shared[-1])
+    data = write_jsonl(tmp_path / "trajectories.jsonl", [token_exact_trajectory(tokenizer).to_json()] * 6)
+    out = tmp_path / "sft_prefix"
+    result = run_sft(str(base_dir), [str(data)], out, fast(batch_size=3, packing="prefix"))
+    assert result["steps"] == 2
+    assert len(shared) == 2 and min(shared) > 0  # each step ran its batch's prefix once
+    before, after = state_dict(base_dir), state_dict(out / MODEL_DIR)
+    assert [name for name in before if torch.equal(before[name], after[name])] == []
 
 
 def test_packing_setting_is_checked():

@@ -425,7 +425,71 @@ def component_reward(name: str):
 # 3. The trainer
 
 
-class StepCreditGRPOTrainer(GRPOTrainer):
+def real_spans(attention_mask: torch.Tensor) -> list[tuple[int, int]] | None:
+    """Each row's one run of real tokens as (start, end); None when a row's real tokens are not one run."""
+    spans = []
+    for row in attention_mask.bool():
+        where = row.nonzero().flatten()
+        if where.numel() == 0:
+            spans.append((0, 0))
+            continue
+        start, end = int(where[0]), int(where[-1]) + 1
+        if end - start != where.numel():
+            return None
+        spans.append((start, end))
+    return spans
+
+
+class EpisodeGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer that scores each episode on its own tokens: TRL pads a batch's prompts on the left and its
+    completions on the right to the batch's longest, and a multi-turn batch spans short successes and 30-turn
+    failures (most of a padded batch was padding in the quickstart). Here the rows are sorted by length and
+    scored `ROWS_PER_CHUNK` at a time, each row's real tokens moved to the row's start and right-padded to the
+    chunk's longest (rounded to `pad_to_multiple_of`), so no attention mask is needed: causal attention keeps
+    right padding out of every real token's view. Log-probabilities and entropies land where TRL's would (0
+    on padding, which its masks drop), through TRL's own fused head. Positions restart at 0 for each row;
+    RoPE depends on position differences only, so the scores are TRL's up to rounding."""
+
+    ROWS_PER_CHUNK = 4  # a fixed row count keeps the chunk shapes few (oneDNN builds a kernel per new shape)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **media):
+        spans = real_spans(attention_mask)
+        if spans is None or compute_aux_loss or any(v is not None for v in media.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **media)
+        rows, width = input_ids.shape
+        first = width - logits_to_keep  # the first completion position
+        multiple = self.pad_to_multiple_of or 1
+        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        logps = input_ids.new_zeros((rows, logits_to_keep), dtype=torch.float32)
+        entropies = logps.clone() if compute_entropy else None
+        order = sorted(range(rows), key=lambda r: spans[r][1] - spans[r][0], reverse=True)
+        for at in range(0, rows, self.ROWS_PER_CHUNK):
+            chunk = order[at : at + self.ROWS_PER_CHUNK]
+            longest = max(max(spans[r][1] - spans[r][0] for r in chunk), 2)
+            ids = input_ids.new_full((len(chunk), -(-longest // multiple) * multiple), pad)
+            labels = torch.full_like(ids, -100)
+            for k, r in enumerate(chunk):
+                start, end = spans[r]
+                ids[k, : end - start] = input_ids[r, start:end]
+                scored = max(first, start + 1)  # completion tokens with a token before them
+                labels[k, scored - start : end - start] = input_ids[r, scored:end]
+            with self.accelerator.autocast():
+                out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+            for k, r in enumerate(chunk):
+                start, end = spans[r]
+                scored = max(first, start + 1)
+                if end > scored:  # log_probs[t] scores token t + 1
+                    logps[r, scored - first : end - first] = out.log_probs[k, scored - start - 1 : end - start - 1]
+                    if compute_entropy:
+                        entropies[r, scored - first : end - first] = out.entropy[k, scored - start - 1 : end - start - 1]
+        if out.log_probs.requires_grad and not logps.requires_grad:  # no token scored (all truncated): as TRL,
+            logps = logps + 0 * out.log_probs.sum()  # a zero that backward can run through
+        return logps, entropies, None
+
+
+class StepCreditGRPOTrainer(EpisodeGRPOTrainer):
     """TRL's GRPOTrainer with GiGPO's step-level term added to its advantages: (B,) episode advantages become
     (B, T) = A^E + omega * A^S (`step_credit`); TRL's loss takes (B, T) advantages as they are."""
 
@@ -476,7 +540,7 @@ def run_grpo(
         lm = lm.merge_and_unload()  # a start model saved as an adapter: its weights become the policy's own
     rollouts = EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE)
     resume = resume_point(out_dir, also_reset=(ROLLOUTS_FILE,))
-    trainer_class = StepCreditGRPOTrainer if settings.step_advantage_weight else GRPOTrainer
+    trainer_class = StepCreditGRPOTrainer if settings.step_advantage_weight else EpisodeGRPOTrainer
     trainer = trainer_class(
         model=lm,
         reward_funcs=[component_reward(name) for name in COMPONENTS],

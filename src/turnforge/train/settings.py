@@ -31,7 +31,7 @@ DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down", "
 GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
 RESTARTS = ("none", "failures", "failures_only")
-PACKING = (False, True, "batch")
+PACKING = (False, True, "batch", "prefix")
 
 
 class SettingsError(ValueError):
@@ -172,7 +172,9 @@ class SFTSettings(TrainerSettings):
     longest; True = TRL's best-fit-decreasing packing (the data packed into `max_length` chunks, each batch
     flattened into one padding-free row: for FlashAttention on a GPU); "batch" = each batch's own examples packed
     into as few rows of `max_length` as they fit (per-row position ids, no attention mask): the same examples per
-    step as unpacked, with less padding, for SDPA / eager attention (a CPU)."""
+    step as unpacked, with less padding, for SDPA / eager attention (a CPU); "prefix" = one example per row, and the
+    leading tokens all rows of a batch share and none learns (a system prompt) run once, their keys/values shared
+    by every row (`train.sft.SharedPrefixSFTTrainer`): the same loss, fewer tokens computed."""
     max_examples: int | None = None
     """Train on the first N examples only (in input order, after fitting to `max_length`; reading stops there)."""
 
@@ -180,7 +182,7 @@ class SFTSettings(TrainerSettings):
         return [
             *super()._checks(),
             ("max_examples", self.max_examples is None or self.max_examples >= 1, "None (all) or at least 1"),
-            ("packing", self.packing in PACKING, "false, true or \"batch\""),
+            ("packing", self.packing in PACKING, "false, true, \"batch\" or \"prefix\""),
         ]
 
     def trl_kwargs(self) -> dict[str, Any]:

@@ -59,7 +59,18 @@ from turnforge.train.settings import SFTSettings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["METRICS_FILE", "MODEL_DIR", "BatchRowPacker", "SFTSettings", "build_dataset", "build_trainer", "run_sft", "sft_config"]
+__all__ = [
+    "METRICS_FILE",
+    "MODEL_DIR",
+    "BatchRowPacker",
+    "SFTSettings",
+    "SharedPrefixSFTTrainer",
+    "build_dataset",
+    "build_trainer",
+    "run_sft",
+    "shared_prefix_length",
+    "sft_config",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,6 +201,54 @@ class BatchPackedSFTTrainer(SFTTrainer):
         return result
 
 
+def shared_prefix_length(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None, block: int) -> int:
+    """How many leading tokens every row of a batch shares and none learns, rounded down to a multiple of `block`.
+
+    A token at position t is predicted from position t - 1, so the prefix stops before the token ahead of the
+    first label: its outputs feed no loss. Rounding to `block` keeps the prefix and the rest at a few shapes
+    (oneDNN builds a kernel per new shape; see `train.runtime.cpu_bf16_args`)."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    if attention_mask is not None:
+        same &= attention_mask.bool().all(dim=0)
+    learnt = (labels != -100).any(dim=0)
+    stop = min(
+        int(same.logical_not().nonzero()[0]) if not same.all() else same.numel(),
+        int(learnt.nonzero()[0]) - 1 if learnt.any() else same.numel(),
+        input_ids.shape[1] - 1,  # at least one position left to run row by row
+    )
+    return max(stop, 0) // block * block
+
+
+class SharedPrefixSFTTrainer(SFTTrainer):
+    """TRL's SFTTrainer that runs the prefix every row of a batch shares (the system prompt, the task's opening) once.
+
+    The prefix is one row through the model; its keys/values are expanded to every row, and the rest of each row
+    attends to them (`cache`), as a generation step would. Nothing in the prefix is learnt (it stops before the
+    first label), so the loss is the same sum over the same label tokens; its gradient reaches the prefix's
+    weights through the expanded keys/values, summed over the rows, as the unshared batch sums them. TRL's
+    `compute_loss` then runs unchanged on the rest of the rows (its fused head takes the labels from there)."""
+
+    PREFIX_BLOCK = 64
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ids, labels, mask = inputs["input_ids"], inputs["labels"], inputs.get("attention_mask")
+        p = shared_prefix_length(ids, labels, mask, self.PREFIX_BLOCK)
+        if p == 0:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        rows = ids.shape[0]
+        cache = model(input_ids=ids[:1, :p], use_cache=True, logits_to_keep=1).cache
+        for layer in cache.layers:
+            layer.keys = layer.keys.expand(rows, -1, -1, -1)
+            layer.values = layer.values.expand(rows, -1, -1, -1)
+        positions = torch.arange(p, ids.shape[1], device=ids.device).expand(rows, -1)
+        rest = {**inputs, "input_ids": ids[:, p:], "labels": labels[:, p:], "position_ids": positions, "cache": cache}
+        if mask is None:
+            rest["attention_mask"] = torch.ones_like(ids)  # the mask spans the cached prefix and the rest
+        return super().compute_loss(model, rest, return_outputs, num_items_in_batch)
+
+
 def build_trainer(
     model, tokenizer: PreTrainedTokenizerBase, dataset: datasets.Dataset, out_dir: Path, settings: SFTSettings
 ) -> SFTTrainer:
@@ -200,6 +259,8 @@ def build_trainer(
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         collator = BatchRowPacker(pad, settings.max_length, config.pad_to_multiple_of)
         trainer_cls = BatchPackedSFTTrainer
+    elif settings.packing == "prefix":
+        trainer_cls = SharedPrefixSFTTrainer
     return trainer_cls(
         model=model,
         args=config,
