@@ -235,3 +235,34 @@ def test_row_sampler_draws_from_the_softmax_of_the_scores():
     drawn = RowSampler(list(range(4000)))(None, scores).argmax(dim=1)
     share = torch.bincount(drawn, minlength=4).float() / 4000
     assert share.tolist() == pytest.approx([0.7, 0.2, 0.1, 0.0], abs=0.025)
+
+
+def test_fresh_prompts_run_apart_from_episodes_that_go_on_from_their_cache(tiny_model_dir):
+    """Episodes end at different turns (a token cap), so new ones join old ones mid-rollout: a `generate` call then
+    holds prompts encoded afresh and prompts extending a cached prefix, and runs them as separate batches (one
+    batch would pad every row to a fresh prompt's length). The episodes equal those of one prompt per batch."""
+    tasks = load_tasks("household", "train", limit=8)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    limits = RolloutLimits(max_turns=6, max_format_errors=None, max_open=4, max_total_tokens=330)
+    runs, mixed_calls, batches = {}, [], []
+    for batch_size in (64, 1):
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=batch_size)
+        generate_batch = policy._generate_batch
+
+        def spy(prompts, params, keys, seeds, policy=policy, generate_batch=generate_batch):
+            batches.append({policy.prefix_cache.cached_length(k, p) > 0 for k, p in zip(keys, prompts, strict=True)})
+            return generate_batch(prompts, params, keys, seeds)
+
+        def generate(prompts, params, policy=policy, generate=policy.generate):
+            fresh = {policy.prefix_cache.cached_length((p.task.id, p.sample), p.ids) == 0 for p in prompts}
+            mixed_calls.append(len(fresh) == 2)
+            return generate(prompts, params)
+
+        policy._generate_batch, policy.generate = spy, generate
+        runs[batch_size] = run_episodes(policy, lambda: make_env("household"), tasks, 1, limits, params,
+                                        renderer=policy.renderer)
+    assert any(mixed_calls), "some call must hold both fresh and cached prompts"
+    assert all(len(kinds) == 1 for kinds in batches)  # no batch mixes them
+    assert len({len(t.turns) for t in runs[64]}) > 1
+    for grouped, alone in zip(runs[64], runs[1], strict=True):
+        assert [t.generated_ids for t in grouped.turns] == [t.generated_ids for t in alone.turns]

@@ -100,19 +100,24 @@ class HFPolicy:
 
     @torch.inference_mode()
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
-        """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding)."""
+        """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding), the
+        prompts encoded afresh apart from those that extend their episode's cached prefix."""
         _check_params(params)
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
         keys = [(p.task.id, p.sample) if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
         seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        # Episodes that go on from their cached keys/values run apart from prompts encoded afresh: in one batch every
+        # row would be padded to a fresh prompt's whole length (in a rollout, a new episode joining old ones).
+        fresh = [key is None or self.prefix_cache.cached_length(key, row) == 0 for key, row in zip(keys, ids, strict=True)]
         out: list[Generation | None] = [None] * len(ids)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk], [seeds[i] for i in chunk])
-            for i, gen in zip(chunk, batch, strict=True):
-                out[i] = gen
+        for group in (True, False):
+            order = sorted((i for i in range(len(ids)) if fresh[i] is group), key=lambda i: len(ids[i]))
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start : start + self.batch_size]
+                batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk], [seeds[i] for i in chunk])
+                for i, gen in zip(chunk, batch, strict=True):
+                    out[i] = gen
         return out  # type: ignore[return-value]
 
     def release(self, keys: list[tuple[str, int]]) -> None:
