@@ -34,6 +34,9 @@ How it departs from plain TRL:
     False: no loss). `"failures_only"` also swaps the tasks greedy solves for ones it fails, found by
     screening fresh tasks greedily. rollouts.jsonl logs the greedy episodes' success per batch (all of them
     are of uniformly drawn tasks: a greedy-success curve for the price of the screening).
+  - Scoring (`EpisodeGRPOTrainer`): each episode's log-probabilities are computed on its own tokens, a few
+    rows of similar length at a time, instead of on TRL's batch padded to its longest episode (mostly padding
+    in a multi-turn batch); the same values up to rounding.
   - Step-level credit (GiGPO, `step_advantage_weight` > 0): `StepCreditGRPOTrainer` adds to TRL's episode
     advantages a per-turn term, each turn's discounted return against the turns of its group that saw the
     same observation (`turnforge.train.step_credit`).

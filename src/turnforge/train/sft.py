@@ -21,6 +21,8 @@ How it departs from plain TRL:
     sampled; pre-tokenized rows keep them exact.
   - Over-long examples are cut here, before TRL, because TRL truncates (and drops fully masked rows)
     without saying how many; here the counts are logged and returned.
+  - `packing = "batch"` and `"prefix"` are batch layouts TRL does not have (`BatchRowPacker`,
+    `SharedPrefixSFTTrainer`): the same loss, less padding or a shared prefix computed once.
   - A callback writes `metrics.jsonl`, the run directory's machine-readable training log.
   - Nothing is deduplicated or filtered by success: choosing the trajectories (RFT, successes only) is
     the data stage's job; this stage trains on what it is given.
