@@ -420,6 +420,16 @@ def test_shared_prefix_training_changes_every_parameter(tmp_path, tokenizer, bas
     assert [name for name in before if torch.equal(before[name], after[name])] == []
 
 
+def test_shared_prefix_refuses_activation_checkpointing(tmp_path, tokenizer, base_dir):
+    from turnforge.train.runtime import CHECKPOINTING_FIELD
+
+    dataset = datasets.Dataset.from_dict({"input_ids": [[5, 6, 7]], "completion_mask": [[0, 1, 1]]})
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    settings = SFTSettings(packing="prefix", trl={CHECKPOINTING_FIELD: True})
+    with pytest.raises(ValueError, match=f"prefix.*{CHECKPOINTING_FIELD} = false"):
+        build_trainer(model, tokenizer, dataset, tmp_path, settings)
+
+
 def test_packing_setting_is_checked():
     with pytest.raises(SettingsError, match="packing"):
         SFTSettings(packing="rows")

@@ -49,6 +49,7 @@ from turnforge.data.sft import DataCounts, fit_to_length, source_examples
 from turnforge.models import load_model
 from turnforge.models.tiny import resolve_model
 from turnforge.train.runtime import (
+    CHECKPOINTING_FIELD,
     METRICS_FILE,
     MODEL_DIR,
     MetricsFileCallback,
@@ -262,6 +263,12 @@ def build_trainer(
         collator = BatchRowPacker(pad, settings.max_length, config.pad_to_multiple_of)
         trainer_cls = BatchPackedSFTTrainer
     elif settings.packing == "prefix":
+        if getattr(config, CHECKPOINTING_FIELD):  # it recomputes layers in backward, and a cache cannot be re-filled
+            raise ValueError(
+                f'packing = "prefix" hands the shared prefix to the rows as a KV cache, which {CHECKPOINTING_FIELD} '
+                f"cannot recompute (on by default on a GPU): set trl = {{ {CHECKPOINTING_FIELD} = false }} or another "
+                "packing"
+            )
         trainer_cls = SharedPrefixSFTTrainer
     return trainer_cls(
         model=model,
