@@ -235,6 +235,11 @@ class SharedPrefixSFTTrainer(SFTTrainer):
 
     PREFIX_BLOCK = 64
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.accelerator.num_processes > 1:  # two forwards of the wrapped model a step: not checked with DDP/FSDP
+            raise ValueError('packing = "prefix" runs in one process only; under accelerate launch use another packing')
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids, labels, mask = inputs["input_ids"], inputs["labels"], inputs.get("attention_mask")
         p = shared_prefix_length(ids, labels, mask, self.PREFIX_BLOCK)
