@@ -304,6 +304,21 @@ def test_rerun_resumes_from_the_last_checkpoint(tmp_path, tokenizer, base_dir):
     assert steps == [1, 2, 3]
 
 
+def test_a_checkpoint_killed_while_saving_is_not_resumed_from(tmp_path):
+    """Step 30's folder lacks trainer_state.json and step 40's is cut short (a kill while saving): the run resumes
+    from step 20, and the metrics logged after it are dropped (they will be logged again)."""
+    from turnforge.train.runtime import resume_point
+
+    checkpoints = tmp_path / "checkpoints"
+    for step, state in ((10, "{}"), (20, '{"global_step": 20}'), (30, None), (40, '{"global_st')):
+        (checkpoints / f"checkpoint-{step}").mkdir(parents=True)
+        if state is not None:
+            (checkpoints / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (10, 20, 30)))
+    assert resume_point(tmp_path) == str(checkpoints / "checkpoint-20")
+    assert [json.loads(line)["step"] for line in (tmp_path / METRICS_FILE).read_text().splitlines()] == [10, 20]
+
+
 def test_batch_row_packer_places_examples_first_fit_decreasing():
     """Lengths 25, 12, 7, 20 in rows of 32: 25 opens row 0 (7 left), 20 opens row 1 (12 left), 12 fills row 1,
     7 fills row 0. An example longer than the capacity sets the capacity: 40 fills row 0, 3 opens row 1."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig
 
 from turnforge.models import LoraSpec, merge_and_save
@@ -25,8 +25,8 @@ from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "resume_point", "runtime_args",
-           "save_trained", "training_dtype", "trl_config", "cpu_bf16_args"]
+__all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "last_complete_checkpoint",
+           "resume_point", "runtime_args", "save_trained", "training_dtype", "trl_config", "cpu_bf16_args"]
 # transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns).
 CHECKPOINTING_FIELD = next(
     name for name in ("activation_checkpointing", "gradient_checkpointing") if name in SFTConfig.__dataclass_fields__
@@ -108,7 +108,7 @@ def resume_point(out_dir: Path, also_reset: tuple[str, ...] = ()) -> str | None:
     Without a checkpoint, metrics.jsonl and the files named in `also_reset` (e.g. GRPO's rollouts.jsonl) are
     removed: the run starts from step 0 again. Under `accelerate launch` the main process edits the files."""
     checkpoints = out_dir / CHECKPOINT_DIR
-    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    last = last_complete_checkpoint(checkpoints)
     metrics = out_dir / METRICS_FILE
     if not is_main_process():
         return last
@@ -124,6 +124,26 @@ def resume_point(out_dir: Path, also_reset: tuple[str, ...] = ()) -> str | None:
         metrics.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
     logger.info("resuming from %s", last)
     return last
+
+
+def last_complete_checkpoint(checkpoints: Path) -> str | None:
+    """The newest `checkpoint-N` folder whose trainer_state.json reads: the Trainer writes that file after the
+    weights, optimizer and RNG state, so a run killed while saving leaves a folder without it (or with it cut
+    short), which `get_last_checkpoint` would still pick."""
+    # By hand: transformers' get_last_checkpoint picks the highest step folder whatever it holds.
+    found = []
+    for folder in checkpoints.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if checkpoints.is_dir() else ():
+        step = folder.name.rsplit("-", 1)[-1]
+        if folder.is_dir() and step.isdigit():
+            found.append((int(step), folder))
+    for _, folder in sorted(found, reverse=True):
+        try:
+            json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            logger.warning("checkpoint %s was not finished (killed while saving?): not resumed from", folder)
+            continue
+        return str(folder)
+    return None
 
 
 def _line_step(line: str) -> int | None:
