@@ -33,12 +33,13 @@ class OneBatchPolicy(hf.HFPolicy):
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         keys = [(p.task.id, p.sample) for p in prompts]
         seeds = [hf.row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
+        cached = [self.prefix_cache.cached_length(key, row) for key, row in zip(keys, ids, strict=True)]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: list[Generation | None] = [None] * len(ids)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
             batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk],
-                                         [seeds[i] for i in chunk])
+                                         [seeds[i] for i in chunk], [cached[i] for i in chunk])
             for i, gen in zip(chunk, batch, strict=True):
                 out[i] = gen
         return out

@@ -249,9 +249,9 @@ def test_fresh_prompts_run_apart_from_episodes_that_go_on_from_their_cache(tiny_
         policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=batch_size)
         generate_batch = policy._generate_batch
 
-        def spy(prompts, params, keys, seeds, policy=policy, generate_batch=generate_batch):
+        def spy(prompts, params, keys, seeds, cached, policy=policy, generate_batch=generate_batch):
             batches.append({policy.prefix_cache.cached_length(k, p) > 0 for k, p in zip(keys, prompts, strict=True)})
-            return generate_batch(prompts, params, keys, seeds)
+            return generate_batch(prompts, params, keys, seeds, cached)
 
         def generate(prompts, params, policy=policy, generate=policy.generate):
             fresh = {policy.prefix_cache.cached_length((p.task.id, p.sample), p.ids) == 0 for p in prompts}

@@ -109,13 +109,16 @@ class HFPolicy:
         seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
         # Episodes that go on from their cached keys/values run apart from prompts encoded afresh: in one batch every
         # row would be padded to a fresh prompt's whole length (in a rollout, a new episode joining old ones).
-        fresh = [key is None or self.prefix_cache.cached_length(key, row) == 0 for key, row in zip(keys, ids, strict=True)]
+        cached = [self.prefix_cache.cached_length(key, row) if key is not None else 0 for key, row in zip(keys, ids, strict=True)]
         out: list[Generation | None] = [None] * len(ids)
-        for group in (True, False):
-            order = sorted((i for i in range(len(ids)) if fresh[i] is group), key=lambda i: len(ids[i]))
+        for fresh in (True, False):
+            order = sorted((i for i in range(len(ids)) if (cached[i] == 0) is fresh), key=lambda i: len(ids[i]))
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
-                batch = self._generate_batch([ids[i] for i in chunk], params, [keys[i] for i in chunk], [seeds[i] for i in chunk])
+                batch = self._generate_batch(
+                    [ids[i] for i in chunk], params, [keys[i] for i in chunk], [seeds[i] for i in chunk],
+                    [cached[i] for i in chunk],
+                )
                 for i, gen in zip(chunk, batch, strict=True):
                     out[i] = gen
         return out  # type: ignore[return-value]
@@ -125,11 +128,12 @@ class HFPolicy:
         if self.prefix_cache is not None:
             self.prefix_cache.forget(keys)
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list, seeds: list[int]) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list, seeds: list[int],
+                        cached: list[int]) -> list[Generation]:
+        """`cached[i]`: how many leading ids of prompt i the prefix cache holds for `keys[i]` (0: encoded afresh)."""
         if min(len(p) for p in prompts) == 0:
             raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
         cache = self.prefix_cache
-        cached = [cache.cached_length(k, p) if k is not None else 0 for k, p in zip(keys, prompts, strict=True)]
         pad = self.tokenizer.pad_token_id
         input_ids, attention_mask, width_cached, width_suffix = batch_layout(prompts, cached, pad, self.device)
         entries = [cache.entries[k] if n else None for k, n in zip(keys, cached, strict=True)] if cache else []

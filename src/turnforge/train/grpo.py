@@ -468,21 +468,21 @@ class EpisodeGRPOTrainer(GRPOTrainer):
         logps = input_ids.new_zeros((rows, logits_to_keep), dtype=torch.float32)
         entropies = logps.clone() if compute_entropy else None
         order = sorted(range(rows), key=lambda r: spans[r][1] - spans[r][0], reverse=True)
+        # per row: (start, end) of its real tokens and the first completion token with a token before it
+        extents = [(start, end, max(first, start + 1)) for start, end in spans]
         for at in range(0, rows, self.ROWS_PER_CHUNK):
             chunk = order[at : at + self.ROWS_PER_CHUNK]
             longest = max(max(spans[r][1] - spans[r][0] for r in chunk), 2)
             ids = input_ids.new_full((len(chunk), -(-longest // multiple) * multiple), pad)
             labels = torch.full_like(ids, -100)
             for k, r in enumerate(chunk):
-                start, end = spans[r]
+                start, end, scored = extents[r]
                 ids[k, : end - start] = input_ids[r, start:end]
-                scored = max(first, start + 1)  # completion tokens with a token before them
                 labels[k, scored - start : end - start] = input_ids[r, scored:end]
             with self.accelerator.autocast():
                 out = model(input_ids=ids, labels=labels, fused_lm_head=True)
             for k, r in enumerate(chunk):
-                start, end = spans[r]
-                scored = max(first, start + 1)
+                start, end, scored = extents[r]
                 if end > scored:  # log_probs[t] scores token t + 1
                     logps[r, scored - first : end - first] = out.log_probs[k, scored - start - 1 : end - start - 1]
                     if compute_entropy:
