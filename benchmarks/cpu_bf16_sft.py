@@ -1,6 +1,7 @@
 """SFT step time and memory on a CPU: float32 vs bf16 autocast (padded to 128, as turnforge does) vs bf16 unpadded,
 bf16 with each batch's episodes packed into rows (`packing = "batch"`), and bf16 with the prefix every episode of a
-batch shares (the system prompt and the room's opening) run once (`packing = "prefix"`).
+batch shares (the system prompt and the room's opening) run once (`packing = "prefix"`), that last one also with
+TRL's fused LM head left to score every position (turnforge scores the labelled ones only: `train.lm_head`).
 
 The quickstart's setting: the tiny model, 8 household expert episodes a step (~670 tokens each, with the goal
 THOUGHT lines), TRL's SFTTrainer.
@@ -8,7 +9,7 @@ One run times the five modes on the same data in turn: the mean step over all st
 in the first steps included) and in steady state (the steps after `--warmup`); memory is the process's resident
 size after the steps (each mode in its own process, so one's caches do not count against another's).
 
-    .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 80 --warmup 20
+    .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 80 --warmup 20 [--modes 5,6]
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ MODES = {
     "bf16, unpadded": ({}, {"bf16": True, "pad_to_multiple_of": None}),
     "bf16, padded to 128, packed per batch": ({"packing": "batch"}, {"bf16": True}),
     "bf16, padded to 128, shared prefix run once": ({"packing": "prefix"}, {"bf16": True}),
+    "bf16, padded to 128, shared prefix run once, TRL's head on every position": ({"packing": "prefix"}, {"bf16": True}),
 }
+EVERY_POSITION = "TRL's head on every position"
 
 
 def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     from transformers import TrainerCallback
 
+    import turnforge.train.sft
     from turnforge.envs.base import load_tasks, make_env
     from turnforge.models import load_model
     from turnforge.models.tiny import build_tiny_model
@@ -41,6 +45,9 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     from turnforge.rollout import run_episodes
     from turnforge.train.settings import SFTSettings
     from turnforge.train.sft import SharedPrefixSFTTrainer, build_dataset, build_trainer, shared_prefix_length
+
+    if EVERY_POSITION in mode:  # the peer: TRL's fused head as TRL patched it
+        turnforge.train.sft.score_labelled_only = lambda trainer: None
 
     options = {"grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0, "max_steps": 30,
                "thoughts": "goal"}
@@ -85,6 +92,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the steady-state mean")
+    parser.add_argument("--modes", help="comma-separated 1-based numbers of the modes to run (default: all); the "
+                        "first one run is the reference of the 'vs' columns")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -95,13 +104,15 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as work:
         rows = []
-        for mode in MODES:
+        names = list(MODES)
+        for mode in [names[int(k) - 1] for k in args.modes.split(",")] if args.modes else names:
             out = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
                                   "--warmup", str(args.warmup), "--work", work],
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     base, steady = rows[0]["s_per_step"], rows[0]["steady_s_per_step"]
-    print(f"| mode | s / step, all {args.steps} | vs float32 | s / step after {args.warmup} | vs float32 | "
+    ref = rows[0]["mode"]
+    print(f"| mode | s / step, all {args.steps} | vs {ref} | s / step after {args.warmup} | vs {ref} | "
           "tokens computed a step (padding included) | resident GB after the steps |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:

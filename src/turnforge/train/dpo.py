@@ -35,6 +35,7 @@ from turnforge.data.dpo_pairs import Pair, load_pairs
 from turnforge.models import load_model
 from turnforge.models.chat import window_messages
 from turnforge.models.tiny import resolve_model
+from turnforge.train.lm_head import score_labelled_only
 from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
@@ -68,7 +69,7 @@ def dpo_config(out_dir: Path, settings: DPOSettings) -> DPOConfig:
 
 def build_trainer(lm, tokenizer, dataset: datasets.Dataset, out_dir: Path, settings: DPOSettings) -> DPOTrainer:
     """A `DPOTrainer` on preference rows; with LoRA its reference is the model with the adapter disabled."""
-    return DPOTrainer(
+    trainer = DPOTrainer(
         model=lm,
         args=dpo_config(out_dir, settings),
         train_dataset=dataset,
@@ -76,6 +77,8 @@ def build_trainer(lm, tokenizer, dataset: datasets.Dataset, out_dir: Path, setti
         peft_config=settings.lora.to_peft() if settings.lora is not None else None,
         callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
     )
+    score_labelled_only(trainer)
+    return trainer
 
 
 def _start_model(model: str, adapter: str | None, out_dir: Path, settings: DPOSettings):

@@ -72,6 +72,7 @@ from turnforge.policies.queue import Role
 from turnforge.policies.roles import env_roles
 from turnforge.rewards import COMPONENTS, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
+from turnforge.train.lm_head import score_labelled_only
 from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
@@ -451,9 +452,14 @@ class EpisodeGRPOTrainer(GRPOTrainer):
     chunk's longest (rounded to `pad_to_multiple_of`), so no attention mask is needed: causal attention keeps
     right padding out of every real token's view. Log-probabilities and entropies land where TRL's would (0
     on padding, which its masks drop), through TRL's own fused head. Positions restart at 0 for each row;
-    RoPE depends on position differences only, so the scores are TRL's up to rounding."""
+    RoPE depends on position differences only, so the scores are TRL's up to rounding. On a CPU the head scores
+    the completion positions only (`train.lm_head`)."""
 
     ROWS_PER_CHUNK = 4  # a fixed row count keeps the chunk shapes few (oneDNN builds a kernel per new shape)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        score_labelled_only(self)  # on a CPU TRL's head would score the prompt positions too
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **media):

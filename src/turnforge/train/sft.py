@@ -48,6 +48,7 @@ from trl import SFTConfig, SFTTrainer
 from turnforge.data.sft import DataCounts, fit_to_length, source_examples
 from turnforge.models import load_model
 from turnforge.models.tiny import resolve_model
+from turnforge.train.lm_head import score_labelled_only
 from turnforge.train.runtime import (
     CHECKPOINTING_FIELD,
     METRICS_FILE,
@@ -275,7 +276,7 @@ def build_trainer(
                 "packing"
             )
         trainer_cls = SharedPrefixSFTTrainer
-    return trainer_cls(
+    trainer = trainer_cls(
         model=model,
         args=config,
         data_collator=collator,
@@ -284,6 +285,8 @@ def build_trainer(
         peft_config=settings.lora.to_peft() if settings.lora is not None else None,
         callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
     )
+    score_labelled_only(trainer)
+    return trainer
 
 
 # ---------------------------------------------------------------------------------------------------------------
