@@ -9,7 +9,7 @@ One run times the five modes on the same data in turn: the mean step over all st
 in the first steps included) and in steady state (the steps after `--warmup`); memory is the process's resident
 size after the steps (each mode in its own process, so one's caches do not count against another's).
 
-    .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 80 --warmup 20 [--modes 5,6]
+    .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 80 --warmup 20 [--modes 6,5,7,8]
 """
 
 from __future__ import annotations
@@ -22,16 +22,21 @@ import tempfile
 import time
 from pathlib import Path
 
-# mode -> (SFTSettings fields, the `trl` table)
+# mode -> (SFTSettings fields, the `trl` table, SharedPrefixSFTTrainer attributes); "labelled_only": False leaves
+# TRL's fused head as TRL patched it (every position scored)
+PREFIX = ({"packing": "prefix"}, {"bf16": True})
 MODES = {
-    "float32": ({}, {"bf16": False}),
-    "bf16, padded to 128": ({}, {"bf16": True}),
-    "bf16, unpadded": ({}, {"bf16": True, "pad_to_multiple_of": None}),
-    "bf16, padded to 128, packed per batch": ({"packing": "batch"}, {"bf16": True}),
-    "bf16, padded to 128, shared prefix run once": ({"packing": "prefix"}, {"bf16": True}),
-    "bf16, padded to 128, shared prefix run once, TRL's head on every position": ({"packing": "prefix"}, {"bf16": True}),
+    "float32": ({}, {"bf16": False}, {}),
+    "bf16, padded to 128": ({}, {"bf16": True}, {}),
+    "bf16, unpadded": ({}, {"bf16": True, "pad_to_multiple_of": None}, {}),
+    "bf16, padded to 128, packed per batch": ({"packing": "batch"}, {"bf16": True}, {}),
+    "bf16, shared prefix run once, 8 rows at once": (*PREFIX, {"ROWS_PER_CHUNK": 8}),
+    "bf16, shared prefix run once, 8 rows at once, TRL's head on every position":
+        (*PREFIX, {"ROWS_PER_CHUNK": 8, "labelled_only": False}),
+    "bf16, shared prefix run once, sorted rows 4 at a time": (*PREFIX, {"ROWS_PER_CHUNK": 4}),
+    "bf16, shared prefix run once, sorted rows 2 at a time": (*PREFIX, {"ROWS_PER_CHUNK": 2}),
+    "bf16, shared prefix run once, one row at a time": (*PREFIX, {"ROWS_PER_CHUNK": 1}),
 }
-EVERY_POSITION = "TRL's head on every position"
 
 
 def child(mode: str, steps: int, warmup: int, work: Path) -> None:
@@ -44,10 +49,20 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     from turnforge.policies.scripted import ExpertPolicy
     from turnforge.rollout import run_episodes
     from turnforge.train.settings import SFTSettings
-    from turnforge.train.sft import SharedPrefixSFTTrainer, build_dataset, build_trainer, shared_prefix_length
+    from turnforge.train.sft import (
+        SharedPrefixSFTTrainer,
+        build_dataset,
+        build_trainer,
+        prefix_chunks,
+        shared_prefix_length,
+    )
 
-    if EVERY_POSITION in mode:  # the peer: TRL's fused head as TRL patched it
+    fields, trl, attributes = MODES[mode]
+    attributes = dict(attributes)
+    if not attributes.pop("labelled_only", True):  # the peer: TRL's fused head as TRL patched it
         turnforge.train.sft.score_labelled_only = lambda trainer: None
+    for name, value in attributes.items():
+        setattr(SharedPrefixSFTTrainer, name, value)
 
     options = {"grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0, "max_steps": 30,
                "thoughts": "goal"}
@@ -58,7 +73,7 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
         tasks = load_tasks("household", "train", limit=400, **options)
         trajs = run_episodes(ExpertPolicy(), lambda: make_env("household", **options), tasks, 1)
         data.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
-    fields, trl = MODES[mode]  # an explicit pad_to_multiple_of (None: unpadded) wins over turnforge's 128
+    # an explicit pad_to_multiple_of (None: unpadded) wins over turnforge's 128
     settings = SFTSettings(max_steps=steps, learning_rate=3e-3, batch_size=8, max_length=1024, logging_steps=10_000,
                            trl=dict(trl), **fields)
     lm, tokenizer = load_model(str(model_dir), dtype="float32", device="cpu")
@@ -68,8 +83,12 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     def tokens(batch) -> int:  # a shared prefix is computed for one row, not for each
         if not isinstance(trainer, SharedPrefixSFTTrainer):
             return batch["input_ids"].numel()
-        p = shared_prefix_length(batch["input_ids"], batch["labels"], batch.get("attention_mask"), trainer.PREFIX_BLOCK)
-        return batch["input_ids"].numel() - p * (batch["input_ids"].shape[0] - 1)
+        ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
+        p = shared_prefix_length(ids, labels, mask, trainer.PREFIX_BLOCK)
+        if p == 0:
+            return ids.numel()
+        return p + sum(len(rows) * (width - p) for rows, width in
+                       prefix_chunks(labels, mask, p, trainer.ROWS_PER_CHUNK, trainer.PREFIX_BLOCK))
 
     computed = sum(tokens(batch) for batch in loader) / len(loader)
     ends: list[float] = []

@@ -396,13 +396,16 @@ def test_shared_prefix_length_stops_before_the_token_ahead_of_the_first_label():
     assert shared_prefix_length(ids, late, padded, block=1) == 1  # a masked token is not shared
 
 
-def test_shared_prefix_gives_the_unshared_loss_and_gradient(tmp_path, tokenizer, base_dir, monkeypatch):
+@pytest.mark.parametrize("rows_per_chunk", [4, 2, 1])
+def test_shared_prefix_gives_the_unshared_loss_and_gradient(tmp_path, tokenizer, base_dir, monkeypatch, rows_per_chunk):
     """Three episodes that share the system prompt and the first observation: the batch computed with the prefix
-    run once gives the plain batch's loss and every parameter's gradient (float32)."""
+    run once gives the plain batch's loss, every parameter's gradient and its logged entropy and token accuracy
+    (float32), in one chunk of rows or in two (the longest two, then the shortest, each cut to its own width)."""
     monkeypatch.setattr(SharedPrefixSFTTrainer, "PREFIX_BLOCK", 1)
+    monkeypatch.setattr(SharedPrefixSFTTrainer, "ROWS_PER_CHUNK", rows_per_chunk)
     episodes = [EPISODE, EPISODE[:2], [EPISODE[0], ("You pick up the apple 1.", "ACTION: go to countertop 1")]]
     data = write_jsonl(tmp_path / "t.jsonl", [token_exact_trajectory(tokenizer, e).to_json() for e in episodes])
-    grads, losses = [], []
+    grads, losses, logged = [], [], []
     for packing in (False, "prefix"):
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
         settings = SFTSettings(batch_size=3, packing=packing, max_length=256)
@@ -411,12 +414,17 @@ def test_shared_prefix_gives_the_unshared_loss_and_gradient(tmp_path, tokenizer,
         batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
         first_label = int((batch["labels"] != -100).any(dim=0).nonzero()[0])
         assert shared_prefix_length(batch["input_ids"], batch["labels"], batch["attention_mask"], 1) == first_label - 1
+        trainer.model.train()
         loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=(batch["labels"] != -100).sum())
         loss.backward()
         losses.append(loss.detach())
         grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+        logged.append({k: trainer._metrics["train"][k] for k in ("entropy", "mean_token_accuracy", "num_tokens")})
     assert isinstance(trainer, SharedPrefixSFTTrainer)
     assert torch.allclose(losses[0], losses[1], rtol=1e-5), losses
+    assert logged[1]["num_tokens"] == logged[0]["num_tokens"]
+    for key in ("entropy", "mean_token_accuracy"):
+        assert len(logged[1][key]) == 1 and logged[1][key][0] == pytest.approx(logged[0][key][0], rel=1e-5), key
     for name, grad in grads[0].items():
         assert grad.abs().sum() > 0, name
         assert torch.allclose(grad, grads[1][name], rtol=1e-4, atol=1e-7), name

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedTokenizerBase
 from trl import SFTConfig, SFTTrainer
 
 from turnforge.data.sft import DataCounts, fit_to_length, source_examples
@@ -225,16 +225,38 @@ def shared_prefix_length(input_ids: torch.Tensor, labels: torch.Tensor, attentio
     return max(stop, 0) // block * block
 
 
+def prefix_chunks(labels: torch.Tensor, mask: torch.Tensor, prefix: int, rows_per_chunk: int,
+                  block: int) -> list[tuple[list[int], int]]:
+    """How `SharedPrefixSFTTrainer` runs a batch after its shared `prefix`: (rows, width) per chunk, the rows sorted
+    longest first, `rows_per_chunk` at a time, each chunk cut to its longest row (the rest past the prefix rounded up
+    to `block`, at most the batch's width). A row ends after its last real token or label, whichever is later."""
+    real = mask.bool() | (labels != -100)
+    ends = [int(row.nonzero()[-1]) + 1 if row.any() else prefix + 1 for row in real]
+    order = sorted(range(labels.shape[0]), key=lambda r: ends[r], reverse=True)
+    chunks = []
+    for at in range(0, len(order), rows_per_chunk):
+        rows = order[at : at + rows_per_chunk]
+        rest = max(max(ends[r] for r in rows) - prefix, 1)
+        chunks.append((rows, min(prefix + -(-rest // block) * block, labels.shape[1])))
+    return chunks
+
+
 class SharedPrefixSFTTrainer(SFTTrainer):
     """TRL's SFTTrainer that runs the prefix every row of a batch shares (the system prompt, the task's opening) once.
 
     The prefix is one row through the model; its keys/values are expanded to every row, and the rest of each row
     attends to them (`cache`), as a generation step would. Nothing in the prefix is learnt (it stops before the
     first label), so the loss is the same sum over the same label tokens; its gradient reaches the prefix's
-    weights through the expanded keys/values, summed over the rows, as the unshared batch sums them. TRL's
-    `compute_loss` then runs unchanged on the rest of the rows (its fused head takes the labels from there)."""
+    weights through the expanded keys/values, summed over the rows, as the unshared batch sums them.
+
+    The rest of the rows run `ROWS_PER_CHUNK` at a time, sorted by length, each chunk cut to its own longest row
+    (rounded up to `PREFIX_BLOCK`): a batch padded to its longest episode was 40 % padding in the quickstart.
+    TRL's `compute_loss` runs unchanged on each chunk (its fused head takes the labels from there), each chunk's
+    loss divided by the whole batch's label count, so their sum is the batch's loss; the chunks' entropy and
+    token-accuracy entries are merged into the batch's, weighted by their label counts."""
 
     PREFIX_BLOCK = 64
+    ROWS_PER_CHUNK = 2  # fastest of 8, 4, 2 and 1 on the quickstart (BENCHMARKS.md)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -244,18 +266,32 @@ class SharedPrefixSFTTrainer(SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids, labels, mask = inputs["input_ids"], inputs["labels"], inputs.get("attention_mask")
         p = shared_prefix_length(ids, labels, mask, self.PREFIX_BLOCK)
-        if p == 0:
+        if p == 0 or return_outputs:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        rows = ids.shape[0]
-        cache = model(input_ids=ids[:1, :p], use_cache=True, logits_to_keep=1).cache
-        for layer in cache.layers:
-            layer.keys = layer.keys.expand(rows, -1, -1, -1)
-            layer.values = layer.values.expand(rows, -1, -1, -1)
-        positions = torch.arange(p, ids.shape[1], device=ids.device).expand(rows, -1)
-        rest = {**inputs, "input_ids": ids[:, p:], "labels": labels[:, p:], "position_ids": positions, "cache": cache}
         if mask is None:
-            rest["attention_mask"] = torch.ones_like(ids)  # the mask spans the cached prefix and the rest
-        return super().compute_loss(model, rest, return_outputs, num_items_in_batch)
+            mask = torch.ones_like(ids)  # the mask spans the cached prefix and the rest
+        if num_items_in_batch is None:  # TRL's own divisor for a batch: its label count
+            num_items_in_batch = (labels[:, 1:] != -100).sum()
+        prefix = model(input_ids=ids[:1, :p], use_cache=True, logits_to_keep=1).cache
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        marks = {name: len(metrics[name]) for name in ("entropy", "mean_token_accuracy")}
+        loss, weights = None, []
+        for rows, width in prefix_chunks(labels, mask, p, self.ROWS_PER_CHUNK, self.PREFIX_BLOCK):
+            cache = DynamicCache(config=model.config)
+            for index, layer in enumerate(prefix.layers):
+                cache.update(layer.keys.expand(len(rows), -1, -1, -1), layer.values.expand(len(rows), -1, -1, -1), index)
+            positions = torch.arange(p, width, device=ids.device).expand(len(rows), -1)
+            chunk_labels = labels[rows, p:width]
+            chunk = {**inputs, "input_ids": ids[rows, p:width], "labels": chunk_labels, "position_ids": positions,
+                     "cache": cache, "attention_mask": mask[rows, :width]}
+            part = super().compute_loss(model, chunk, False, num_items_in_batch)
+            loss = part if loss is None else loss + part
+            weights.append(int((chunk_labels[:, 1:] != -100).sum()))
+        for name, mark in marks.items():  # one entry per batch, as TRL logs it
+            values = metrics[name][mark:]
+            if len(values) == len(weights) > 1:
+                metrics[name][mark:] = [sum(v * w for v, w in zip(values, weights, strict=True)) / max(sum(weights), 1)]
+        return loss
 
 
 def build_trainer(
