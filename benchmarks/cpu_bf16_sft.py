@@ -1,13 +1,15 @@
 """SFT step time and memory on a CPU: float32 vs bf16 autocast (padded to 128, as turnforge does) vs bf16 unpadded,
 bf16 with each batch's episodes packed into rows (`packing = "batch"`), and bf16 with the prefix every episode of a
-batch shares (the system prompt and the room's opening) run once (`packing = "prefix"`), that last one also with
-TRL's fused LM head left to score every position (turnforge scores the labelled ones only: `train.lm_head`).
+batch shares (the system prompt and the room's opening) run once (`packing = "prefix"`): its rows all at once, with
+TRL's fused LM head scoring every position or (as turnforge does, `train.lm_head`) the labelled ones only, then
+sorted by length and run 4, 2 (as turnforge does) or 1 at a time, each chunk cut to its own longest row.
 
-The quickstart's setting: the tiny model, 8 household expert episodes a step (~670 tokens each, with the goal
+The quickstart's setting: the tiny model, 8 household expert episodes a step (~570 tokens each, with the goal
 THOUGHT lines), TRL's SFTTrainer.
-One run times the five modes on the same data in turn: the mean step over all steps (oneDNN's kernel builds
+One run times the chosen modes on the same data in turn: the mean step over all steps (oneDNN's kernel builds
 in the first steps included) and in steady state (the steps after `--warmup`); memory is the process's resident
-size after the steps (each mode in its own process, so one's caches do not count against another's).
+size after the steps (each mode in its own process, so one's caches do not count against another's). The "vs"
+columns compare each mode with the first one run.
 
     .venv/bin/python benchmarks/cpu_bf16_sft.py --steps 80 --warmup 20 [--modes 6,5,7,8]
 """
@@ -130,8 +132,7 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     base, steady = rows[0]["s_per_step"], rows[0]["steady_s_per_step"]
-    ref = rows[0]["mode"]
-    print(f"| mode | s / step, all {args.steps} | vs {ref} | s / step after {args.warmup} | vs {ref} | "
+    print(f"| mode | s / step, all {args.steps} | vs the first | s / step after {args.warmup} | vs the first | "
           "tokens computed a step (padding included) | resident GB after the steps |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:

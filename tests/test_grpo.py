@@ -355,3 +355,29 @@ def test_two_step_credit_grpo_steps_change_every_parameter(household_sft_model_d
     after, _ = load_model(str(tmp_path / "model"), dtype="float32", device="cpu")
     trained = dict(after.named_parameters())
     assert [n for n, p in before.named_parameters() if torch.equal(p, trained[n])] == []
+
+
+def test_rollouts_run_the_model_in_its_own_dtype_not_accelerates_autocast(tiny_model_dir):
+    """A bf16 mixed-precision model (accelerate wraps its forward in autocast) generates in float32 inside
+    `own_precision`, as evaluations run it, and gets its wrapper back on leaving."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from turnforge.train.grpo import own_precision
+
+    plain, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    model, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    AcceleratorState._reset_state(reset_partial_state=True)  # a trainer of another test may have set "no"
+    try:
+        model = Accelerator(mixed_precision="bf16", cpu=True).prepare_model(model)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    ids = torch.arange(5, 45).unsqueeze(0)
+    with torch.no_grad():
+        reference = plain(input_ids=ids).logits
+        assert not torch.equal(model(input_ids=ids).logits, reference)  # the wrapper autocasts
+        wrapped = model.forward
+        with own_precision(model):
+            assert torch.equal(model(input_ids=ids).logits, reference)
+        assert model.forward == wrapped
+        assert not torch.equal(model(input_ids=ids).logits, reference)

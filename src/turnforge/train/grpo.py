@@ -53,6 +53,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,24 @@ def rollout_policy(trainer: GRPOTrainer, model, tokenizer, settings: GRPOSetting
     return TRLServerPolicy(engine.vllm_client, tokenizer, trainer.model.config.name_or_path)
 
 
+@contextmanager
+def own_precision(model):
+    """On a CPU, the model generates in its own dtype while inside, as evaluations run it: accelerate wraps a
+    mixed-precision model's forward in autocast, which on a CPU casts every weight at every decoding step (a
+    tenth of a quickstart rollout, BENCHMARKS.md). The sampled log-probabilities feed no loss term here (TRL's
+    importance correction is vLLM's), so the behaviour policy is simply the model that is evaluated."""
+    original = model.__dict__.get("_original_forward")  # where accelerate keeps the forward it wrapped
+    if original is None or model.device.type != "cpu":
+        yield
+        return
+    wrapped = model.forward
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = wrapped
+
+
 class EpisodeRollouts:
     """TRL's `rollout_func(prompts, trainer) -> dict`: plays the prompts' tasks with the trainer's model.
 
@@ -210,7 +229,7 @@ class EpisodeRollouts:
             with unwrap_model_for_generation(
                 trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-            ) as model:
+            ) as model, own_precision(model):
                 was_training = model.training
                 model.eval()
                 try:
