@@ -12,6 +12,7 @@ not, by a fixed hash. `train` and `valid_seen` draw from the seen combinations (
 
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 from dataclasses import dataclass
@@ -124,15 +125,19 @@ def generate_task(split: str, index: int, seed: int = 0, knobs: Knobs = Knobs())
     """The task at `index` of `split`: task types cycle so any prefix of a split covers all six."""
     rng = random.Random(f"household:{seed}:{split}:{index}")
     task_type = TASK_TYPES[index % len(TASK_TYPES)]
-    want_held_out = split == "test"
-    options = [
+    scene, obj, recep = rng.choice(goal_options(task_type, split == "test"))
+    return _build_scene(rng, task_type, scene, obj, recep, knobs)
+
+
+@functools.cache  # a split of 6,000 tasks recomputed these lists once per task (5 s a load)
+def goal_options(task_type: str, held_out: bool) -> tuple[tuple[str, str, str], ...]:
+    """(scene, object type, receptacle type) choices of a task type, in the test split's combinations or not."""
+    return tuple(
         (scene, o, r)
         for scene in sorted(SCENES)
         for o, r in goal_combos(task_type, scene)
-        if is_held_out(task_type, o, r) == want_held_out
-    ]
-    scene, obj, recep = rng.choice(options)
-    return _build_scene(rng, task_type, scene, obj, recep, knobs)
+        if is_held_out(task_type, o, r) == held_out
+    )
 
 
 def _build_scene(rng: random.Random, task_type: str, scene: str, obj: str, recep: str, knobs: Knobs) -> dict:
