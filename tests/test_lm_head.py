@@ -102,3 +102,14 @@ def test_sft_trainer_scores_labelled_positions_only(tiny_model_dir, tmp_path):
     data = datasets.Dataset.from_list([{"input_ids": [1, 2, 3, 4], "completion_mask": [0, 0, 1, 1]}])
     trainer = build_trainer(model, tokenizer, data, tmp_path, SFTSettings(max_steps=1, batch_size=1))
     assert getattr(trainer.model.forward.__func__, "_labelled_only", False)
+
+
+def test_a_model_accelerate_has_wrapped_keeps_trls_head(tiny_model_dir, caplog):
+    """TRL hands a reference model to accelerate in its constructor; its autocast wrapper is left in front."""
+    model, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    add_fused_lm_head(model, outputs=OUTPUTS)
+    model._original_forward = model.forward  # what accelerate's prepare_model records before wrapping
+    wrapped = model.forward
+    with caplog.at_level("WARNING"):
+        assert not lm_head.patch_model(model)
+    assert model.forward == wrapped and not caplog.records

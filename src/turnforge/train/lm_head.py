@@ -5,7 +5,8 @@ TRL's trainers (SFT, DPO, GRPO) replace a model's LM head by its chunked log-pro
 (to keep tile shapes fixed for compilers), labelled or not. In the quickstart's SFT step two thirds of the positions
 are the prompt and the observations, which have no label, and the head took a third of the step (docs/decisions.md).
 
-`score_labelled_only(trainer)` re-patches each model TRL patched: on a CPU, the labelled positions are gathered
+`score_labelled_only(trainer)` re-patches each model TRL patched and has not yet handed to accelerate (the trained
+model; not a reference model that TRL prepares, with mixed precision, in its constructor): on a CPU, the labelled positions are gathered
 first, their count rounded up to `ROW_MULTIPLE` rows (oneDNN builds a kernel per new shape:
 `train.runtime.cpu_bf16_args`), and scored by the same kernel with the settings TRL chose (read from its head:
 temperature, outputs, fp32 head, logit scale, softcap). The outputs are scattered back where TRL's would be, zero
@@ -52,6 +53,8 @@ def patch_model(model) -> bool:
     func = getattr(trl_forward, "__func__", None)
     if getattr(func, "_labelled_only", False):
         return True
+    if "_original_forward" in model.__dict__:  # accelerate wrapped it in autocast (TRL prepares reference models in
+        return False  # its constructor); a forward put in front of that wrapper would run outside its autocast
     names = inspect.getclosurevars(func).nonlocals if func is not None and func.__closure__ else {}
     if not all(name in names for name in _SETTINGS):
         logger.warning("TRL's fused LM head was not found on %s: every position is scored", type(model).__name__)
