@@ -232,7 +232,7 @@ tasks = 40
 [[stages]]
 kind = "sft"
 data = ["collect"]
-max_steps = 150
+max_steps = 300
 batch_size = 4
 max_length = 512
 learning_rate = 3e-3
@@ -273,6 +273,6 @@ def test_twenty_sigkills_during_sft_resume_to_the_same_loss_curve(tmp_path):
         return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
 
     killed, clean = losses(out), losses(reference)
-    assert sorted(killed) == sorted(clean) == list(range(1, 151)), (kills, sorted(killed))
+    assert sorted(killed) == sorted(clean) == list(range(1, 301)), (kills, sorted(killed))
     assert all(abs(killed[s] - clean[s]) < 1e-4 for s in clean), [(s, killed[s], clean[s]) for s in clean]
     assert kills == 20
