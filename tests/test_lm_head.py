@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import datasets
 import pytest
 import torch
 from trl.trainer.utils import add_fused_lm_head
@@ -76,7 +77,7 @@ def test_no_label_gives_a_zero_loss_that_backward_runs_through(models):
     assert out.loss.item() == 0.0 and not out.label_mask.any()
 
 
-def test_plain_forward_and_generate_are_untouched(models, tiny_model_dir):
+def test_plain_forward_and_generate_are_untouched(models):
     ids, _ = batch()
     trl, ours = models
     assert torch.equal(ours(input_ids=ids).logits, trl(input_ids=ids).logits)
@@ -97,8 +98,6 @@ def test_sft_trainer_scores_labelled_positions_only(tiny_model_dir, tmp_path):
     from turnforge.train.sft import build_trainer
 
     model, tokenizer = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
-    import datasets
-
     data = datasets.Dataset.from_list([{"input_ids": [1, 2, 3, 4], "completion_mask": [0, 0, 1, 1]}])
     trainer = build_trainer(model, tokenizer, data, tmp_path, SFTSettings(max_steps=1, batch_size=1))
     assert getattr(trainer.model.forward.__func__, "_labelled_only", False)

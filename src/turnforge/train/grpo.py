@@ -78,6 +78,7 @@ from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
     MetricsFileCallback,
+    autocast_wrapped_forward,
     resume_point,
     save_trained,
     training_dtype,
@@ -170,7 +171,7 @@ def own_precision(model):
     mixed-precision model's forward in autocast, which on a CPU casts every weight at every decoding step (a
     tenth of a quickstart rollout, BENCHMARKS.md). The sampled log-probabilities feed no loss term here (TRL's
     importance correction is vLLM's), so the behaviour policy is simply the model that is evaluated."""
-    original = model.__dict__.get("_original_forward")  # where accelerate keeps the forward it wrapped
+    original = autocast_wrapped_forward(model)
     if original is None or model.device.type != "cpu":
         yield
         return

@@ -28,6 +28,8 @@ from torch.distributed.tensor import DTensor
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import FusedCausalLMOutput
 
+from turnforge.train.runtime import autocast_wrapped_forward
+
 logger = logging.getLogger(__name__)
 
 ROW_MULTIPLE = 128
@@ -53,8 +55,8 @@ def patch_model(model) -> bool:
     func = getattr(trl_forward, "__func__", None)
     if getattr(func, "_labelled_only", False):
         return True
-    if "_original_forward" in model.__dict__:  # accelerate wrapped it in autocast (TRL prepares reference models in
-        return False  # its constructor); a forward put in front of that wrapper would run outside its autocast
+    if autocast_wrapped_forward(model) is not None:  # TRL prepares reference models in its constructor: a forward
+        return False  # put in front of accelerate's autocast wrapper would run outside its autocast
     names = inspect.getclosurevars(func).nonlocals if func is not None and func.__closure__ else {}
     if not all(name in names for name in _SETTINGS):
         logger.warning("TRL's fused LM head was not found on %s: every position is scored", type(model).__name__)

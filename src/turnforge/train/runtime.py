@@ -25,7 +25,8 @@ from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "last_complete_checkpoint",
+__all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "autocast_wrapped_forward",
+           "last_complete_checkpoint",
            "resume_point", "runtime_args", "save_trained", "training_dtype", "trl_config", "cpu_bf16_args"]
 # transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns).
 CHECKPOINTING_FIELD = next(
@@ -77,6 +78,12 @@ def cpu_bf16_args(args: dict[str, Any]) -> dict[str, Any]:
         logger.warning("bf16 asked for, but this CPU has no native bf16 (AMX / AVX512-BF16): training in float32")
         return {**args, "bf16": False}
     return {"pad_to_multiple_of": CPU_BF16_PAD, **args}
+
+
+def autocast_wrapped_forward(model) -> Any | None:
+    """The forward accelerate wrapped in autocast when it prepared `model` for mixed precision (it keeps it in
+    `_original_forward`), or None for a model it has not wrapped."""
+    return model.__dict__.get("_original_forward")
 
 
 def training_dtype(lora: LoraSpec | None) -> str:
