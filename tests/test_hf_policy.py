@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from functools import partial
+from unittest import mock
 
 import pytest
 import torch
@@ -198,7 +200,14 @@ def test_prefix_cache_is_used_only_for_a_proper_prefix():
     assert mask.tolist() == [[1, 1, 1, 0, 1], [0, 0, 0, 1, 1]]
     small = PrefixCache(max_bytes=10)
     small.store("ep", Entry([1], [(torch.zeros(4), torch.zeros(4))]))  # 32 bytes: over budget, not kept
-    assert small.entries == {}
+    assert small.entries == {} and small.held == 0
+    budget = PrefixCache(max_bytes=60)  # the bytes held are counted as entries come, are replaced and go
+    for key, n in (("a", 2), ("b", 3), ("a", 4), ("c", 2)):  # 16, 24, then a's 16 replaced by 32; c's 16 is over
+        budget.store(key, Entry([1], [(torch.zeros(n), torch.zeros(n))]))
+    assert set(budget.entries) == {"a", "b"} and budget.held == 56
+    budget.forget(["a", "zz"])
+    budget.store("c", Entry([1], [(torch.zeros(2), torch.zeros(2))]))
+    assert set(budget.entries) == {"b", "c"} and budget.held == 40 == sum(e.nbytes for e in budget.entries.values())
 
 
 def test_reserved_cache_layer_matches_transformers_dynamic_cache(policy):
@@ -266,3 +275,43 @@ def test_fresh_prompts_run_apart_from_episodes_that_go_on_from_their_cache(tiny_
     assert len({len(t.turns) for t in runs[64]}) > 1
     for grouped, alone in zip(runs[64], runs[1], strict=True):
         assert [t.generated_ids for t in grouped.turns] == [t.generated_ids for t in alone.turns]
+
+
+def test_grouped_heads_in_sdpa_give_transformers_attention_and_the_same_episodes(tiny_model_dir):
+    """`cpu_gqa`: several new tokens over a cached, left-padded prefix (a turn's prompt) give the logits of
+    transformers' SDPA attention (which copies each key/value head per query head), decoding steps are
+    transformers' own, the same greedy episodes come out, and the model's attention setting is restored."""
+    from turnforge.models.attention import NAME, cpu_gqa
+    from turnforge.policies.prefix_cache import reserved_cache
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4)
+    model = policy.model
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped heads: the case at stake
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size - 30, (3, 40))
+    mask = torch.ones_like(ids)
+    mask[0, :7], mask[1, :3], mask[2, 20:24] = 0, 0, 0  # left padding, and a pad run between cached part and suffix
+    outs = {}
+    for way in ("transformers", "grouped"):
+        cache = reserved_cache(model.config, reserve=8)
+        context = cpu_gqa(model) if way == "grouped" else contextlib.nullcontext()
+        with torch.no_grad(), context:
+            assert model.config._attn_implementation == (NAME if way == "grouped" else "sdpa")
+            first = model(input_ids=ids[:, :24], attention_mask=mask[:, :24], past_key_values=cache, use_cache=True)
+            second = model(input_ids=ids[:, 24:], attention_mask=mask, past_key_values=cache, use_cache=True)
+        outs[way] = torch.cat([first.logits, second.logits], dim=1)
+        assert model.config._attn_implementation == "sdpa"
+    real = mask.bool()
+    assert torch.allclose(outs["grouped"][real], outs["transformers"][real], atol=1e-5)
+
+    tasks = load_tasks("household", "test", limit=5)
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    episodes = {}
+    for way in ("transformers", "grouped"):
+        with mock.patch("turnforge.policies.hf.cpu_gqa", lambda m: contextlib.nullcontext()) if way == "transformers" \
+                else contextlib.nullcontext():
+            trajs = run_episodes(policy, lambda: make_env("household", max_steps=4), tasks, 1,
+                                 RolloutLimits(max_turns=4, max_format_errors=None, max_open=5), params,
+                                 renderer=policy.renderer)
+        episodes[way] = [[t.generated_ids for t in traj.turns] for traj in trajs]
+    assert episodes["grouped"] == episodes["transformers"]

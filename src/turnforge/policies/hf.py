@@ -32,6 +32,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from turnforge.models.attention import cpu_gqa
 from turnforge.models.chat import ChatTemplateRenderer
 from turnforge.models.loading import load_model
 from turnforge.policies.base import Generation, Prompt, SamplingParams, prompt_ids
@@ -151,14 +152,15 @@ class HFPolicy:
             return_dict_in_generate=True,
             **_NEUTRAL,
         )
-        output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past,
-            generation_config=config,
-            logits_processor=_processors(params, recorder, seeds),
-            tokenizer=self.tokenizer if params.stop else None,
-        )
+        with cpu_gqa(self.model):  # a turn's prompt over its cached prefix: no copy of the cache per attention call
+            output = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=past,
+                generation_config=config,
+                logits_processor=_processors(params, recorder, seeds),
+                tokenizer=self.tokenizer if params.stop else None,
+            )
         width = width_cached + width_suffix
         new = output.sequences[:, width:]
         logprobs = recorder.logprobs(new).tolist()

@@ -45,12 +45,14 @@ class PrefixCache:
     def __init__(self, max_bytes: int = 4 << 30) -> None:
         self.entries: dict[Hashable, Entry] = {}
         self.max_bytes = max_bytes
+        self.held = 0  # bytes of the entries held (summing them at every store cost a batch of n episodes n^2 steps)
 
     def store(self, key: Hashable, entry: Entry) -> None:
-        self.entries.pop(key, None)
-        held = sum(e.nbytes for e in self.entries.values())
-        if held + entry.nbytes <= self.max_bytes:
+        self._drop(key)
+        size = entry.nbytes
+        if self.held + size <= self.max_bytes:
             self.entries[key] = entry
+            self.held += size
 
     def cached_length(self, key: Hashable, ids: Sequence[int]) -> int:
         """How many leading ids of `ids` are cached for `key` (0 unless the entry is a proper prefix)."""
@@ -62,7 +64,12 @@ class PrefixCache:
     def forget(self, keys: Iterable[Hashable]) -> None:
         """Drop the entries of these (ended) episodes."""
         for key in keys:
-            self.entries.pop(key, None)
+            self._drop(key)
+
+    def _drop(self, key: Hashable) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.held -= entry.nbytes
 
 
 def batch_layout(
