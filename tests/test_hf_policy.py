@@ -315,3 +315,25 @@ def test_grouped_heads_in_sdpa_give_transformers_attention_and_the_same_episodes
                                  renderer=policy.renderer)
         episodes[way] = [[t.generated_ids for t in traj.turns] for traj in trajs]
     assert episodes["grouped"] == episodes["transformers"]
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
+def test_top_p_keeps_the_tokens_transformers_warper_keeps(top_p):
+    """`TopP` looks for the nucleus among each row's 64 most likely tokens: peaked rows (found there), flat rows
+    (nucleus past 64 tokens: transformers' warper), rows with tokens already filtered (-inf, e.g. by top-k) and a
+    row with all the mass on one token give transformers' scores exactly."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    from turnforge.policies.hf import TopP
+
+    torch.manual_seed(0)
+    vocab = 1678
+    rows = [torch.randn(40, vocab) * 4, torch.randn(8, vocab) * 0.1,
+            TopKLogitsWarper(20)(None, torch.randn(8, vocab) * 2), torch.full((1, vocab), -5.0)]
+    rows[-1][0, 7] = 30.0
+    scores = torch.cat(rows)
+    ids = torch.zeros(len(scores), 1, dtype=torch.long)
+    ours, theirs = TopP(top_p)(ids, scores), TopPLogitsWarper(top_p)(ids, scores)
+    assert torch.equal(ours, theirs)
+    kept = (ours > -float("inf")).sum(dim=-1)
+    assert kept[-1] == 1 and (kept[40:48] > 64).all()  # the one-token row; the flat rows took the whole sort

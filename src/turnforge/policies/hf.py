@@ -287,6 +287,28 @@ class RowSampler(LogitsProcessor):
         return scores.float() + gumbel
 
 
+class TopP(LogitsProcessor):
+    """transformers' `TopPLogitsWarper` (keep the most likely tokens until their mass reaches `top_p`, at least one),
+    looked for among each row's `k` most likely tokens: a token is kept when the tokens more likely than it hold
+    less than `top_p`. Rows whose `k` tokens hold less than `top_p` take transformers' warper. transformers sorts
+    the whole vocabulary at every decoding step, ~8 % of a sampled rollout of the quickstart's model on a CPU."""
+
+    def __init__(self, top_p: float, k: int = 64) -> None:
+        self.top_p, self.k = top_p, k
+        self.whole = TopPLogitsWarper(top_p)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        top, where = scores.topk(min(self.k, scores.shape[-1]), dim=-1)  # sorted, most likely first
+        probs = torch.exp(top - torch.logsumexp(scores, dim=-1, keepdim=True))
+        before = probs.cumsum(dim=-1) - probs  # the mass of the tokens more likely than each
+        out = torch.full_like(scores, -float("inf"))
+        out.scatter_(1, where, top.masked_fill(before >= self.top_p, -float("inf")))
+        short = probs.sum(dim=-1) < self.top_p  # the nucleus may reach past the k tokens
+        if short.any():
+            out[short] = self.whole(input_ids[short], scores[short])
+        return out
+
+
 def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[int]) -> LogitsProcessorList:
     """Temperature, the log-prob recorder, top-k and top-p, then the per-row sampler (greedy: the recorder alone)."""
     if params.temperature == 0:
@@ -298,7 +320,7 @@ def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[i
     if params.top_k > 0:
         out.append(TopKLogitsWarper(params.top_k))
     if params.top_p < 1.0:
-        out.append(TopPLogitsWarper(params.top_p))
+        out.append(TopP(params.top_p))
     out.append(RowSampler(seeds))
     return LogitsProcessorList(out)
 
