@@ -192,3 +192,32 @@ def test_trajectory_records_train_in_episode_order_whatever_order_they_finished_
     assert [w for w, _ in in_episode_order(reversed(finished))] == ["f:3", "f:2", "f:1"]
     conversations = [("c:1", {"messages": [2]}), ("c:2", {"messages": [1]})]
     assert in_episode_order(conversations) == conversations  # records without an episode key keep their order
+
+
+def test_rendering_a_conversation_turn_by_turn_renders_each_prefix_once(tokenizer, tasks, monkeypatch):
+    """`conversation_examples` renders through a memo (`ChatTemplateRenderer(memo=True)`): the same examples as
+    without it, two renders a turn instead of four; the memo answers only for the very
+    message objects it rendered (an equal copy is rendered anew)."""
+    import turnforge.data.sft as sft_data
+    import turnforge.models.chat as chat
+
+    calls = []
+    real = chat.render
+    monkeypatch.setattr(chat, "render", lambda *a, **k: calls.append(1) or real(*a, **k))
+    traj = expert_trajectories(tasks[:1], "act_line")[0]
+    turns = len(traj.turns)
+    chat.ChatTemplateRenderer(tokenizer)  # the template's start-up check renders probes once per tokenizer
+    examples = {}
+    for memo in (False, True):
+        calls.clear()
+        monkeypatch.setattr(sft_data, "ChatTemplateRenderer",
+                            lambda tok, window=None, memo=True, _on=memo: chat.ChatTemplateRenderer(tok, window, _on))
+        examples[memo] = conversation_examples(traj.messages, traj.tools, tokenizer, replies=traj.reply_indices())
+        assert len(calls) == (4 * turns - 1 if not memo else 2 * turns + 1)
+    assert examples[True] == examples[False]
+    renderer = chat.ChatTemplateRenderer(tokenizer, memo=True)
+    first = renderer.prompt_ids(traj.messages[:2], traj.tools)
+    calls.clear()
+    assert renderer.prompt_ids(traj.messages[:2], traj.tools) == first and not calls
+    copy = [chat.Message(m.role, m.content) for m in traj.messages[:2]]
+    assert renderer.prompt_ids(copy, traj.tools) == first and len(calls) == 1

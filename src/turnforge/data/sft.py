@@ -127,7 +127,7 @@ def conversation_examples(
         return []
     if starts[0] == 0:
         raise ValueError("a conversation must start with a system or user message before the first assistant reply")
-    renderer = ChatTemplateRenderer(tokenizer, window)
+    renderer = ChatTemplateRenderer(tokenizer, window, memo=True)  # one conversation, turn by turn: renders repeat
     if window is not None:
         prompts = _windowed_prompts(messages, tools, renderer, starts)
         return [

@@ -27,6 +27,7 @@ its own token-exact (prompt, completion) pair.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -119,7 +120,7 @@ class ChatTemplateRenderer:
     prompt, the first observation and the last N turns, re-rendered at every turn.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, window: int | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, window: int | None = None, memo: bool = False):
         if window is not None and window < 1:
             raise ValueError(f"window must be at least 1 assistant turn (or None for the whole history), got {window}")
         check_prefix_preserving(tokenizer)
@@ -127,10 +128,29 @@ class ChatTemplateRenderer:
         self.window = window
         self.eos_text: str = tokenizer.eos_token
         self.eos_id: int = tokenizer.eos_token_id
+        # memo: the last few renders, for one thread rendering one conversation turn by turn (SFT data): each turn's
+        # observation renders the conversation its completion rendered just before, and its end the next turn's.
+        self._memo: OrderedDict[tuple, tuple[tuple, str]] | None = OrderedDict() if memo else None
+
+    def _render(self, messages: Sequence[ChatMessage], tools: list[dict] | None) -> str:
+        """`render(..., generation_prompt=True)`, from the memo when these very message objects were rendered lately
+        (the memo holds them, so their ids cannot be reused while they are its keys)."""
+        if self._memo is None:
+            return render(self.tokenizer, messages, tools, True)
+        held = (tuple(messages), tools)
+        key = (tuple(map(id, messages)), id(tools))
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return self._memo[key][1]
+        text = render(self.tokenizer, messages, tools, True)
+        self._memo[key] = (held, text)
+        if len(self._memo) > 4:
+            self._memo.popitem(last=False)
+        return text
 
     def prompt_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None) -> list[int]:
         """Ids of the whole of `messages`, ending with the header of the assistant turn to generate."""
-        return encode(self.tokenizer, render(self.tokenizer, messages, tools, True))
+        return encode(self.tokenizer, self._render(messages, tools))
 
     def observation_ids(
         self,
@@ -166,8 +186,8 @@ class ChatTemplateRenderer:
         """(prompt text, completion text, delta text from the end-of-turn on) around the last assistant message."""
         if not messages or role_of(messages[-1]) != "assistant":
             raise ValueError("the conversation must end with the assistant message whose observation is rendered")
-        head = render(self.tokenizer, messages[:-1], tools, True)
-        after = render(self.tokenizer, [*messages, *new_messages], tools, True)
+        head = self._render(messages[:-1], tools)
+        after = self._render([*messages, *new_messages], tools)
         if not after.startswith(head):
             raise ValueError(
                 f"{template_name(self.tokenizer)} is not prefix-preserving on this conversation: rendering it "
