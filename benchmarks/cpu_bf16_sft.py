@@ -49,6 +49,7 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     from turnforge.models import load_model
     from turnforge.models.tiny import build_tiny_model
     from turnforge.policies.scripted import ExpertPolicy
+    from turnforge.recipes import load_recipe
     from turnforge.rollout import run_episodes
     from turnforge.train.settings import SFTSettings
     from turnforge.train.sft import (
@@ -66,8 +67,7 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     for name, value in attributes.items():
         setattr(SharedPrefixSFTTrainer, name, value)
 
-    options = {"grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0, "max_steps": 30,
-               "thoughts": "goal"}
+    options = load_recipe("quickstart").env_options()
     model_dir, data = work / "tiny", work / "episodes.jsonl"
     if not model_dir.exists():
         build_tiny_model(model_dir)

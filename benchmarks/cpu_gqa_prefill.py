@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import time
 
 import torch
 
+from forward_timing import timed_forward
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.policies import hf
 from turnforge.policies.base import SamplingParams
+from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits, run_episodes
 
-OPTIONS = {"format": "act_line", "grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0,
-           "thoughts": "goal", "max_steps": 30}
+QUICKSTART_ENV = load_recipe("quickstart").env_options()
 
 
 def main() -> None:
@@ -35,36 +35,25 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    tasks = load_tasks("household", "test", limit=args.tasks, **OPTIONS)
+    tasks = load_tasks("household", "test", limit=args.tasks, **QUICKSTART_ENV)
     policy = hf.HFPolicy(args.model, device="cpu", dtype="float32", batch_size=args.tasks)
     params = SamplingParams(temperature=0.0, max_new_tokens=48)
     attention = hf.cpu_gqa
     ways = {"transformers' sdpa (repeat_kv)": lambda model: contextlib.nullcontext(),
             "grouped heads in SDPA (turnforge)": attention}
     results = {w: {"wall_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0, "episodes": None} for w in ways}
-    inner = policy.model.forward
-
-    @functools.wraps(inner)
-    def timed(*a, **k):
-        start = time.perf_counter()
-        out = inner(*a, **k)
-        timed.seconds["decode_s" if k["input_ids"].shape[1] == 1 else "prefill_s"] += time.perf_counter() - start
-        return out
-
-    policy.model.forward = timed
     for _ in range(args.repeats):
         for way, context in ways.items():
             hf.cpu_gqa = context
-            timed.seconds = {"prefill_s": 0.0, "decode_s": 0.0}
             start = time.perf_counter()
-            with torch.inference_mode():
-                trajs = run_episodes(policy, lambda: make_env("household", **OPTIONS), tasks, 1,
+            with torch.inference_mode(), timed_forward(policy.model) as seconds:
+                trajs = run_episodes(policy, lambda: make_env("household", **QUICKSTART_ENV), tasks, 1,
                                      RolloutLimits(max_open=args.tasks), params, renderer=policy.renderer,
                                      progress=False)
             r = results[way]
             r["wall_s"] += time.perf_counter() - start
-            for key, seconds in timed.seconds.items():
-                r[key] += seconds
+            for key in ("prefill_s", "decode_s"):
+                r[key] += seconds[key]
             replies = [[t.generated_ids for t in traj.turns] for traj in sorted(trajs, key=lambda t: t.task_id)]
             r["episodes"] = r["episodes"] or replies
             r["success"] = sum(t.score.success for t in trajs) / len(trajs)

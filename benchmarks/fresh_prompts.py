@@ -20,10 +20,10 @@ from functools import partial
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.policies import hf
 from turnforge.policies.base import Generation, SamplingParams, prompt_ids
+from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits, run_episodes
 
-QUICKSTART_ENV = {"format": "act_line", "grammar": "0.3", "expert": "explorer", "receptacles": 0.3,
-                  "distractors": 0, "thoughts": "goal", "max_steps": 30}
+QUICKSTART_ENV = load_recipe("quickstart").env_options()
 
 
 class OneBatchPolicy(hf.HFPolicy):

@@ -21,15 +21,16 @@ import time
 import torch
 from accelerate import Accelerator
 
+from forward_timing import timed_forward
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.models import load_model
 from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
+from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.train.grpo import own_precision
 
-OPTIONS = {"format": "act_line", "grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0,
-           "thoughts": "goal", "max_steps": 30}
+QUICKSTART_ENV = load_recipe("quickstart").env_options()
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
     model, tokenizer = load_model(args.model, dtype="float32", device="cpu")
     model = Accelerator(mixed_precision="bf16", cpu=True).prepare_model(model)
     model.eval()
-    tasks = load_tasks("household", "train", limit=4, **OPTIONS)
+    tasks = load_tasks("household", "train", limit=4, **QUICKSTART_ENV)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=48, seed=7)
     ways = {"bf16 autocast (accelerate's wrapper)": contextlib.nullcontext, "own dtype, float32 (turnforge)":
             functools.partial(own_precision, model)}
@@ -48,31 +49,17 @@ def main() -> None:
                                             for w in ways}
     for _ in range(args.repeats):
         for way, context in ways.items():
-            with context():
-                inner = model.forward
-                steps = {"s": 0.0, "n": 0}
-
-                @functools.wraps(inner)
-                def timed(*a, _inner=inner, _steps=steps, **k):
-                    start = time.perf_counter()
-                    out = _inner(*a, **k)
-                    if k["input_ids"].shape[1] == 1:
-                        _steps["s"] += time.perf_counter() - start
-                        _steps["n"] += 1
-                    return out
-
-                model.forward = timed
+            with context(), timed_forward(model) as steps:
                 policy = HFPolicy.from_model(model, tokenizer, batch_size=32)
                 start = time.perf_counter()
                 with torch.inference_mode():
-                    trajs = run_episodes(policy, lambda: make_env("household", **OPTIONS), tasks, 8,
+                    trajs = run_episodes(policy, lambda: make_env("household", **QUICKSTART_ENV), tasks, 8,
                                          RolloutLimits(max_open=32), params, renderer=policy.renderer, progress=False)
                 wall = time.perf_counter() - start
-                model.forward = inner
             r = results[way]
             r["wall_s"] += wall
-            r["decode_s"] += steps["s"]
-            r["decode_steps"] += steps["n"]
+            r["decode_s"] += steps["decode_s"]
+            r["decode_steps"] += steps["decode_steps"]
             r["tokens"] += sum(len(t.generated_ids) for traj in trajs for t in traj.turns)
     print("| way | wall per batch (s) | tokens generated per batch | decoding steps per batch | ms per decoding step |")
     print("|---|---:|---:|---:|---:|")

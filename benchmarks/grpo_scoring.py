@@ -25,6 +25,7 @@ from trl import GRPOTrainer
 
 from turnforge.envs.base import load_tasks
 from turnforge.models import load_model
+from turnforge.recipes import load_recipe
 from turnforge.train.grpo import (
     COMPONENTS,
     EpisodeGRPOTrainer,
@@ -35,8 +36,7 @@ from turnforge.train.grpo import (
 )
 from turnforge.train.settings import GRPOSettings
 
-QUICKSTART_ENV = {"format": "act_line", "grammar": "0.3", "expert": "explorer", "receptacles": 0.3,
-                  "distractors": 0, "thoughts": "goal", "max_steps": 30}
+QUICKSTART_ENV = load_recipe("quickstart").env_options()
 
 
 def main() -> None:

@@ -21,10 +21,10 @@ from transformers import TopPLogitsWarper
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.policies import hf
 from turnforge.policies.base import SamplingParams
+from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits, run_episodes
 
-OPTIONS = {"format": "act_line", "grammar": "0.3", "expert": "explorer", "receptacles": 0.3, "distractors": 0,
-           "thoughts": "goal", "max_steps": 30}
+QUICKSTART_ENV = load_recipe("quickstart").env_options()
 
 
 def timed(cls, seconds: dict[str, float]):
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    tasks = load_tasks("household", "train", limit=args.tasks, **OPTIONS)
+    tasks = load_tasks("household", "train", limit=args.tasks, **QUICKSTART_ENV)
     width = args.tasks * args.samples
     policy = hf.HFPolicy(args.model, device="cpu", dtype="float32", batch_size=width)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=48, seed=7)
@@ -62,7 +62,7 @@ def main() -> None:
             hf.TopP = timed(cls, seconds)
             start = time.perf_counter()
             with torch.inference_mode():
-                trajs = run_episodes(policy, lambda: make_env("household", **OPTIONS), tasks, args.samples,
+                trajs = run_episodes(policy, lambda: make_env("household", **QUICKSTART_ENV), tasks, args.samples,
                                      RolloutLimits(max_open=width), params, renderer=policy.renderer, progress=False)
             results[way]["wall_s"] += time.perf_counter() - start
             results[way]["top_p_s"] += seconds["top_p_s"]
