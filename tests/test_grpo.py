@@ -199,6 +199,49 @@ def test_dynamic_sampling_replaces_flat_groups(tiny_model_dir, tmp_path):
     assert batch["replaced_groups"] == 2 and batch["zero_variance_groups"] == 2
 
 
+class FailsOddSamples(ExpertPolicy):
+    """The expert, except that on the tasks in `fail` its odd-numbered samples only look around (and fail)."""
+
+    name = "fails-odd"
+
+    def __init__(self, fail: set[str]):
+        super().__init__()
+        self.fail = fail
+
+    def generate(self, prompts, params):
+        out = []
+        for p in prompts:
+            fails = p.sample % 2 and p.task.id.split("#")[0] in self.fail
+            out += [Generation(expert_text(p.env, p.env.action_message("look")))] if fails else super().generate([p], params)
+        return out
+
+
+def test_rollouts_log_the_drawn_groups_apart_from_the_trained_batch(tmp_path):
+    """Dynamic sampling swaps the group every episode of which solves its task alike (flat) for another task's
+    group: the trained batch's reward leaves that group out, the drawn reward counts it."""
+    from types import SimpleNamespace
+
+    options = RESTART_OPTIONS  # the expert solves every task within its steps
+    tasks = load_tasks("household", "train", limit=3, **options)
+    solved, mixed, spare = tasks
+    settings = GRPOSettings(tasks_per_step=2, num_generations=2, dynamic_sampling=True, resample_rounds=1)
+    policy = FailsOddSamples({mixed.id, spare.id})
+    rollouts = EpisodeRollouts("household", options, tasks, SimpleNamespace(pad_token_id=0), settings,
+                               tmp_path / "rollouts.jsonl",
+                               policy_factory=lambda *a: policy)
+    # use_vllm: the rollout asks the policy, not the trainer's model; one process logs.
+    trainer = SimpleNamespace(use_vllm=True, accelerator=SimpleNamespace(num_processes=1, is_main_process=True))
+    prompts = [[{"role": "user", "content": "", "task_id": t.id}] for t in (solved, solved, mixed, mixed)]
+    out = rollouts(prompts, trainer)
+    assert len(out["completion_ids"]) == 4
+    (line,) = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert line["replaced_groups"] == 1  # the solved task's group, for the spare task's
+    assert line["drawn_success"] == 0.75 and line["success"] == 0.5  # drawn: 2 + 1 of 4 succeed; trained: 1 + 1
+    rewards = [rollouts._total(t) for t in rollouts._episodes(None, [(solved, 2), (mixed, 2)]) for t in t[1]]
+    assert line["drawn_reward"] == pytest.approx(sum(rewards) / 4)
+    assert line["reward"] < line["drawn_reward"]
+
+
 class StallsGreedily(ExpertPolicy):
     """The expert, except that greedily (temperature 0), on the tasks in `stall`, it looks around instead of acting
     once it has made progress: its greedy play fails there, its samples succeed from any state."""

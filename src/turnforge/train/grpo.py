@@ -223,6 +223,7 @@ class EpisodeRollouts:
         self.greedy, self.restarted = [], 0
         if trainer.use_vllm:  # vLLM generates; the trained model is not needed here
             groups = self._play(None, slots)
+            drawn = [traj for _, trajs in groups for traj in trajs]
             groups, replaced, left = self._resample(None, groups)
         else:
             # As TRL's own generation: the bare model, ZeRO-3's sharded parameters gathered while it generates.
@@ -235,6 +236,7 @@ class EpisodeRollouts:
                 model.eval()
                 try:
                     groups = self._play(model, slots)
+                    drawn = [traj for _, trajs in groups for traj in trajs]
                     groups, replaced, left = self._resample(model, groups)
                 finally:
                     model.train(was_training)
@@ -242,7 +244,7 @@ class EpisodeRollouts:
         self.episodes += len(episodes)
         out = self._to_trl(episodes)
         self.step_advantages = self._step_advantages(groups, out) if self.settings.step_advantage_weight else None
-        self._log(episodes, groups, replaced, left, time.perf_counter() - started)
+        self._log(episodes, drawn, groups, replaced, left, time.perf_counter() - started)
         return out
 
     def _play(self, model, slots: list[Task]) -> list[tuple[Task, list[Trajectory]]]:
@@ -403,18 +405,24 @@ class EpisodeRollouts:
                 out[f"reward_{name}"].append(value)
         return out
 
-    def _log(self, episodes, groups, replaced: int, left: int, wall_s: float) -> None:
+    def _log(self, episodes, drawn, groups, replaced: int, left: int, wall_s: float) -> None:
+        """One line of rollouts.jsonl. `success`, `progress`, `reward` and `turns` are the trained batch's (after
+        dynamic sampling); `drawn_success` and `drawn_reward` those of the groups TRL's sampler drew, before any
+        was replaced: the policy's success and reward on uniformly drawn training tasks (with `restarts`, from
+        its restart states). Dynamic sampling replaces a group whose rewards are all equal, most often a task
+        every episode solves alike, so the trained batch leaves out more easy tasks as the policy improves."""
         if self.log_path is None:
             return
         # Under `accelerate launch` each process played its shard of the batch (TRL splits the prompts): the
         # main process logs them all, gathered.
         mine = [(t.score.success, t.score.progress, self._total(t), len(t.turns)) for t in episodes]
+        first = [(t.score.success, self._total(t)) for t in drawn]
         counts = [(len(groups), left, replaced, len(self.greedy), sum(self.greedy), self.restarted)]
         if self.trainer.accelerator.num_processes > 1:
-            mine, counts = gather_object(mine), gather_object(counts)
+            mine, first, counts = gather_object(mine), gather_object(first), gather_object(counts)
         if not self.trainer.accelerator.is_main_process:
             return
-        n = max(1, len(mine))
+        n, m = max(1, len(mine)), max(1, len(first))
         line = {
             "batch": self.calls,
             "episodes": len(mine),
@@ -422,6 +430,8 @@ class EpisodeRollouts:
             "progress": sum(e[1] for e in mine) / n,
             "reward": sum(e[2] for e in mine) / n,
             "turns": sum(e[3] for e in mine) / n,
+            "drawn_success": sum(e[0] for e in first) / m,
+            "drawn_reward": sum(e[1] for e in first) / m,
             "groups": sum(c[0] for c in counts),
             "zero_variance_groups": sum(c[1] for c in counts),
             "replaced_groups": sum(c[2] for c in counts),
