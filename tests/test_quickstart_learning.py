@@ -5,11 +5,11 @@ The full budget's figures are in the README (regenerated from the run) and docs/
 from __future__ import annotations
 
 import json
-from statistics import mean
 
 import pytest
 from rich.console import Console
 
+from turnforge.eval.curves import quarter_means
 from turnforge.pipeline import run_recipe
 from turnforge.recipes import load_recipe
 
@@ -34,8 +34,9 @@ def test_the_quickstart_recipe_on_a_reduced_budget_beats_the_base_model_and_grpo
     # (the trained batch's `reward` leaves out more of those as the policy improves).
     rewards = [json.loads(line)["drawn_reward"] for line in (grpo_dir / "rollouts.jsonl").read_text().splitlines()]
     assert len(rewards) == 8
-    quarter = len(rewards) // 4
-    assert mean(rewards[-quarter:]) > mean(rewards[:quarter]), rewards
+    first, last = quarter_means(rewards)
+    assert last > first, rewards
+    assert summary["stages"]["grpo"]["result"]["drawn_reward_quarters"] == [round(first, 4), round(last, 4)]
 
 
 TINY = [

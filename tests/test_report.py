@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from run_documents import assert_documented
 from turnforge.cli import app
+from turnforge.eval.curves import quarter_means
 from turnforge.eval.failures import episode_failures
 from turnforge.eval.report import write_report
 from turnforge.pipeline import run_recipe
@@ -46,11 +47,23 @@ def test_the_run_report_has_every_section_and_its_html_needs_no_other_file(quick
     assert f"| max_turns | {summary['eval']['base']['stop_reasons']['max_turns']} (100%) |" in md
     assert "| `stages/02-sft` | sft | " in md and f"{summary['stages']['sft']['result']['tokens']} trained" in md
     assert "![grpo reward per step](plots/grpo_reward.png)" in md and (out / "plots/grpo_reward.png").exists()
+    assert (out / "plots/grpo_drawn_reward.png").exists()
+    drawn = [json.loads(x)["drawn_reward"] for x in (out / summary["stages"]["grpo"]["dir"] / "rollouts.jsonl").read_text().splitlines()]
+    first, last = quarter_means(drawn)
+    assert summary["stages"]["grpo"]["result"]["drawn_reward_quarters"] == [round(first, 4), round(last, 4)]
+    assert f"reward on the drawn tasks {first:.2f} → {last:.2f} (first → last quarter)" in md
     loop = next(line for line in md.splitlines() if line.startswith("| loop |"))
     assert "](eval/base/episodes.jsonl) line 1" in loop  # one linked example
     html = (out / "report.html").read_text()
     assert "<table>" in html and html.count("data:image/png;base64,") == md.count("](plots/")
     assert not re.search(r'(src|href)="(https?:)?//', html)  # no external asset
+
+
+def test_quarter_means_by_hand():
+    assert quarter_means([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == (1.5, 7.5)  # quarters of 2
+    assert quarter_means([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]) == (1.5, 8.5)  # 9 // 4 = 2
+    assert quarter_means([2.0, 4.0]) == (2.0, 4.0)  # fewer than 4: the first and the last value
+    assert quarter_means([]) is None
 
 
 def test_failure_modes_of_one_episode_by_hand():

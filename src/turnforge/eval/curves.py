@@ -47,6 +47,15 @@ def read_points(path: Path, x: str, y: str) -> list[tuple[float, float]]:
     return points
 
 
+def quarter_means(values: list[float]) -> tuple[float, float] | None:
+    """The means of the first and of the last quarter of `values` (a quarter is at least one value); None for none.
+    How a training curve moved from its start to its end, less noisy than its first and last points."""
+    if not values:
+        return None
+    quarter = max(1, len(values) // 4)
+    return sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter
+
+
 def plot_points(points: list[tuple[float, float]], png: Path, title: str, xlabel: str, ylabel: str) -> Path:
     """A line plot of `points` saved to `png`."""
     from matplotlib.figure import Figure  # the object API renders with Agg; no pyplot, no display needed

@@ -135,7 +135,11 @@ def stage_result_text(kind: str, result: dict[str, Any]) -> str:
             f"then {result['steps']} SFT steps on {result['examples']} examples"
         )
     if kind in ("grpo", "envtune") and "episodes" in result:
-        return f"{result['steps']} steps, {result['episodes']} episodes"
+        text = f"{result['steps']} steps, {result['episodes']} episodes"
+        if result.get("drawn_reward_quarters"):
+            first, last = result["drawn_reward_quarters"]
+            text += f", reward on the drawn tasks {first:.2f} → {last:.2f} (first → last quarter)"
+        return text
     return ", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, int | float))
 
 

@@ -65,6 +65,7 @@ from trl.models import unwrap_model_for_generation
 
 from turnforge.data.sft import assistant_mask, episode_pieces
 from turnforge.envs.base import make_env
+from turnforge.eval.curves import quarter_means, read_points
 from turnforge.models import load_model
 from turnforge.models.tiny import resolve_model
 from turnforge.policies.base import Generation, Policy, SamplingParams
@@ -592,9 +593,12 @@ def run_grpo(
     )
     result = trainer.train(resume_from_checkpoint=resume)
     save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
+    drawn = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "drawn_reward")])
     return {
         "steps": int(result.global_step),
         "train_loss": float(result.training_loss),
         "episodes": rollouts.episodes,
+        # the reward of the tasks the steps drew (before dynamic sampling), first and last quarter of the batches
+        "drawn_reward_quarters": [round(v, 4) for v in drawn] if drawn else None,
         "wall_s": round(time.perf_counter() - start, 3),
     }
