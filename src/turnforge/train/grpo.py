@@ -14,7 +14,8 @@ Read top to bottom, one call of `run_grpo` does:
      plus `reward_<component>` lists that the reward functions read back;
   4. write `out_dir/model/` (merged, or the LoRA adapter), `metrics.jsonl` (TRL's logs: reward,
      rewards/<component>/mean, frac_reward_zero_std, ...) and `rollouts.jsonl` (one line per generation
-     batch: success rate, mean reward, zero-variance groups, replaced groups).
+     batch: success rate and mean reward of the trained batch and of the drawn groups before dynamic sampling,
+     zero-variance groups, replaced groups); the result holds the drawn reward's first- and last-quarter means.
 
 How it departs from plain TRL:
   - Generation is turnforge's (HF `generate` through `HFPolicy.from_model`, or with `use_vllm` the vLLM
