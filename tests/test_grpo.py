@@ -237,7 +237,8 @@ def test_rollouts_log_the_drawn_groups_apart_from_the_trained_batch(tmp_path):
     (line,) = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert line["replaced_groups"] == 1  # the solved task's group, for the spare task's
     assert line["drawn_success"] == 0.75 and line["success"] == 0.5  # drawn: 2 + 1 of 4 succeed; trained: 1 + 1
-    rewards = [rollouts._total(t) for t in rollouts._episodes(None, [(solved, 2), (mixed, 2)]) for t in t[1]]
+    replayed = rollouts._episodes(None, [(solved, 2), (mixed, 2)])  # the scripted policy plays them alike again
+    rewards = [rollouts._total(traj) for _, group in replayed for traj in group]
     assert line["drawn_reward"] == pytest.approx(sum(rewards) / 4)
     assert line["reward"] < line["drawn_reward"]
 

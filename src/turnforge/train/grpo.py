@@ -224,9 +224,8 @@ class EpisodeRollouts:
         self.trainer = trainer
         self.greedy, self.restarted = [], 0
         if trainer.use_vllm:  # vLLM generates; the trained model is not needed here
-            groups = self._play(None, slots)
-            drawn = [traj for _, trajs in groups for traj in trajs]
-            groups, replaced, left = self._resample(None, groups)
+            played = self._play(None, slots)
+            groups, replaced, left = self._resample(None, played)
         else:
             # As TRL's own generation: the bare model, ZeRO-3's sharded parameters gathered while it generates.
             args = trainer.args
@@ -237,12 +236,12 @@ class EpisodeRollouts:
                 was_training = model.training
                 model.eval()
                 try:
-                    groups = self._play(model, slots)
-                    drawn = [traj for _, trajs in groups for traj in trajs]
-                    groups, replaced, left = self._resample(model, groups)
+                    played = self._play(model, slots)
+                    groups, replaced, left = self._resample(model, played)
                 finally:
                     model.train(was_training)
         episodes = [traj for _, trajs in groups for traj in trajs]
+        drawn = [traj for _, trajs in played for traj in trajs]
         self.episodes += len(episodes)
         out = self._to_trl(episodes)
         self.step_advantages = self._step_advantages(groups, out) if self.settings.step_advantage_weight else None
@@ -345,9 +344,11 @@ class EpisodeRollouts:
             self.role_policies = env_roles(self.env_name, self.env_options, params, self.settings.seed, "hf")
         return {name: Role(r.policy, dataclasses.replace(r.params, seed=params.seed)) for name, r in self.role_policies.items()}
 
-    def _resample(self, model, groups):
-        """DAPO dynamic sampling: swap zero-variance full groups for fresh tasks' groups."""
+    def _resample(self, model, played):
+        """DAPO dynamic sampling: the groups `played`, with zero-variance full groups swapped for fresh tasks' groups
+        (a new list; `played` stays as drawn)."""
         s = self.settings
+        groups = list(played)
         replaced = 0
         if not s.dynamic_sampling:
             return groups, 0, sum(self._flat(g) for _, g in groups)
