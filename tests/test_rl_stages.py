@@ -147,6 +147,34 @@ max_new_tokens = 4
     assert rft["model"] == str(tiny_model_dir) and summary["eval"]["eval"]["n_episodes"] == 1
 
 
+def test_rft_whose_kept_replies_are_all_slips_passes_the_model_on(tiny_model_dir, tmp_path):
+    """keep = "best" keeps one episode per task of the untrained model, but none of its replies parses: with
+    `mask_defects` every reply is context, nothing is left to learn, and the stage passes the model on."""
+    text = f"""
+name = "rft-masked"
+[model]
+name = "{tiny_model_dir}"
+[env]
+name = "household"
+[env.options]
+max_steps = 2
+[[stages]]
+kind = "rft"
+tasks = 2
+samples = 2
+max_new_tokens = 4
+keep = "best"
+min_progress = 0.0
+mask_defects = true
+"""
+    summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
+    rft = summary["stages"]["rft"]["result"]
+    assert rft["yield"]["kept"] == 2 and rft["steps"] == 0 and rft["model"] == str(tiny_model_dir)
+    masked = rft["yield"]["masked"]
+    assert masked["episodes"] == 2 and masked["masked"] >= 2 and masked["left"] == 0 and masked["not_replayable"] == 0
+    assert not (tmp_path / "run/stages/01-rft/kept.jsonl").exists()
+
+
 def test_grpo_and_envtune_inputs_include_the_env(tmp_path):
     """Issue 11: a finished grpo/envtune stage trained under other env options (hints) is not reused."""
     from turnforge.pipeline import plan_stages

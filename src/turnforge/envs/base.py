@@ -7,7 +7,7 @@ error observation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -211,3 +211,16 @@ def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) 
     if limit is not None and limit < 1:
         raise ValueError(f"the number of tasks must be at least 1, got {limit}")
     return spec.load_tasks(split, limit=limit, **spec.coerce_options(options))[:limit]
+
+
+def tasks_of(trajectories: Iterable[Trajectory], name: str, **options: Any) -> dict[str, Task]:
+    """The tasks that `trajectories` played, by id, from env `name`'s splits (each split loaded once), for
+    replaying them (DPO mining, RFT's defect masks)."""
+    trajectories = list(trajectories)
+    wrong_env = {t.env for t in trajectories} - {name}
+    if wrong_env:
+        raise ValueError(f"replaying in env {name!r}, but some trajectories come from {sorted(wrong_env)}")
+    tasks: dict[str, Task] = {}
+    for split in sorted({t.split for t in trajectories}):
+        tasks |= {task.id: task for task in load_tasks(name, split, **options)}
+    return tasks

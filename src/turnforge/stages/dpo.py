@@ -31,7 +31,7 @@ from turnforge.data.dpo_pairs import (
     save_pairs,
 )
 from turnforge.data.sources import holds_trajectories
-from turnforge.envs.base import get_env_spec, load_tasks, make_env
+from turnforge.envs.base import get_env_spec, make_env, tasks_of
 from turnforge.models.tiny import resolve_model
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import Policy, SamplingParams
@@ -41,7 +41,7 @@ from turnforge.stages.context import MODELS_DIR, RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
 from turnforge.train.settings import DPOSettings
-from turnforge.types import Task, Trajectory, read_trajectories
+from turnforge.types import read_trajectories
 
 PAIRS_FILE = "pairs.jsonl"
 
@@ -153,7 +153,7 @@ def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCou
             ctx.recipe.env.name, ctx.recipe.env_options())
         options = get_env_spec(env_name).coerce_options(raw_options)
         trajectories = read_trajectories(path)
-        tasks = _tasks_of(trajectories, env_name, options)
+        tasks = tasks_of(trajectories, env_name, **options)
         env_factory = partial(make_env, env_name, **options)
         writer = policy_teacher(teacher, stage.teacher_sampling(), env_factory) if teacher is not None else None
         mined += mine_dpo_pairs(trajectories, env_factory, tasks, settings, counts, writer)
@@ -171,17 +171,6 @@ def _teacher_policy(stage: _DPOStage, ctx: RunContext) -> Policy | None:
         spec = replace(spec, target=resolve_model(spec.target, ctx.out_dir / MODELS_DIR))
     options = {"device": ctx.recipe.model.device, "dtype": ctx.recipe.model.dtype} if spec.kind == "hf" else {}
     return make_policy(spec.text, **options)
-
-
-def _tasks_of(trajectories: list[Trajectory], env_name: str, options: dict[str, Any]) -> dict[str, Task]:
-    """The tasks the trajectories played, from the env's splits (each split loaded once)."""
-    wrong_env = {t.env for t in trajectories} - {env_name}
-    if wrong_env:
-        raise ValueError(f"dpo mining replays in env {env_name!r}, but some trajectories come from {sorted(wrong_env)}")
-    tasks: dict[str, Task] = {}
-    for split in sorted({t.split for t in trajectories}):
-        tasks |= {task.id: task for task in load_tasks(env_name, split, **options)}
-    return tasks
 
 
 register_stage(DPOStageConfig, run_dpo_stage)

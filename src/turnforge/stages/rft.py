@@ -13,12 +13,14 @@ done.json reports the yield (kept / sampled) overall and per category.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from turnforge.data.rft import select_rft
+from turnforge.data.rft import mask_defects, select_rft
+from turnforge.envs.base import get_env_spec, make_env, tasks_of
 from turnforge.eval.runner import EPISODES_FILE, read_episodes
 from turnforge.scale.processes import main_process_result
 from turnforge.stages.config import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
@@ -55,6 +57,10 @@ class RFTStageConfig(RolloutStage, TrainStage):
     skip_solved: bool = False
     """Keep nothing of a task whose samples all succeeded (the model already does it): what is kept is then
     where the model is still unreliable (DAPO's filter of zero-variance groups, applied to RFT)."""
+    mask_defects: bool = False
+    """Replay each kept episode in the env and train on none of the replies it flags as defective ("Nothing
+    happens.", a loop, a format error: `turnforge.data.rft.mask_defects`); they stay as context, so a success
+    that recovered from a slip teaches the recovery, not the slip."""
     data: list[str] = Field(default_factory=list)
     """More training data mixed in (earlier collect stages, hf:DATASET, JSONL files), e.g. the SFT data."""
     train: dict[str, Any] = Field(default_factory=dict)
@@ -83,12 +89,16 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
         raise ValueError(f"stage {stage.id}: its model is an unmerged LoRA adapter; set merge = true where it was trained")
     # Sampling and selection on the main process (under `accelerate launch`), the fine-tuning on every one.
     sampled, n_episodes, n_kept, report = main_process_result(lambda: _sample_and_keep(stage, index, stage_dir, ctx))
-    if not n_kept:  # nothing to learn from: the model goes on unchanged, and the run says so
+    if not n_kept and report.get("masked"):  # kept episodes, but every reply of them a defect
+        logger.warning("stage %s: every reply of the %d episodes kept is a defect (mask_defects): nothing to learn; "
+                       "the model is passed on untrained", stage.id, report["kept"])
+    elif not n_kept:  # nothing to learn from: the model goes on unchanged, and the run says so
         logger.warning(
             "stage %s: no episode to keep out of %d (success rate %.3f); the model is passed on untrained. "
             "Sample more (samples, tasks), set keep = \"best\", or train the model longer first",
             stage.id, n_episodes, sampled["success"],
         )
+    if not n_kept:
         return {"model": start.path, "adapter": False, "steps": 0, "sample_success": sampled["success"],
                 "yield": report, "note": "no episode kept: model unchanged"}
     kept_path = stage_dir / KEPT_FILE
@@ -107,6 +117,12 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
     sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx)
     episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
     kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress, stage.skip_solved)
+    if kept and stage.mask_defects:
+        env_name, raw_options = ctx.recipe.stage_env(stage)
+        options = get_env_spec(env_name).coerce_options(raw_options)
+        report["masked"] = mask_defects(kept, partial(make_env, env_name, **options), tasks_of(kept, env_name, **options))
+        kept = [t for t in kept if any(turn.learn for turn in t.turns)]  # every reply a slip: nothing to learn
+        report["masked"]["left"] = len(kept)
     if kept:
         (stage_dir / KEPT_FILE).write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
     return sampled, len(episodes), len(kept), report

@@ -75,7 +75,8 @@ def cpu_bf16_args(args: dict[str, Any]) -> dict[str, Any]:
     Padding to `CPU_BF16_PAD`: oneDNN builds and caches a bf16 kernel per input shape, so unpadded batches of
     varying length re-build kernels every step and grow the process by ~50 MB a step (measured: 3 GB in 40 steps)."""
     if not cpu_has_native_bf16():
-        logger.warning("bf16 asked for, but this CPU has no native bf16 (AMX / AVX512-BF16): training in float32")
+        logger.warning("bf16 asked for, but this CPU has no native bf16 (AMX / AVX512-BF16): training in float32, "
+                       "several times slower (the quickstart's SFT: 1,544 s on a 2-core AVX2 CPU, 428 s with AVX512-BF16)")
         return {**args, "bf16": False}
     return {"pad_to_multiple_of": CPU_BF16_PAD, **args}
 
