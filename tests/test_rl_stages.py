@@ -121,12 +121,12 @@ def test_grpo_settings_errors_name_the_key(tmp_path):
         _load(text, tmp_path)
 
 
-def test_rft_with_nothing_to_keep_passes_the_model_on(tiny_model_dir, tmp_path):
-    """The untrained model succeeds nowhere: the rft stage trains nothing, says so, and later stages go on."""
-    text = f"""
-name = "rft-empty"
+def _rft_recipe(model_dir, rft_fields: str, after: str = "") -> str:
+    """An rft stage (2 tasks x 2 samples, 2 turns) of the untrained model with `rft_fields` added, then `after`."""
+    return f"""
+name = "rft-untrained"
 [model]
-name = "{tiny_model_dir}"
+name = "{model_dir}"
 [env]
 name = "household"
 [env.options]
@@ -136,11 +136,14 @@ kind = "rft"
 tasks = 2
 samples = 2
 max_new_tokens = 4
-[[stages]]
-kind = "eval"
-tasks = 1
-max_new_tokens = 4
+{rft_fields}
+{after}
 """
+
+
+def test_rft_with_nothing_to_keep_passes_the_model_on(tiny_model_dir, tmp_path):
+    """The untrained model succeeds nowhere: the rft stage trains nothing, says so, and later stages go on."""
+    text = _rft_recipe(tiny_model_dir, "", '[[stages]]\nkind = "eval"\ntasks = 1\nmax_new_tokens = 4')
     summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
     rft = summary["stages"]["rft"]["result"]
     assert rft["steps"] == 0 and rft["yield"]["kept"] == 0 and rft["yield"]["sampled"] == 4
@@ -150,23 +153,7 @@ max_new_tokens = 4
 def test_rft_whose_kept_replies_are_all_slips_passes_the_model_on(tiny_model_dir, tmp_path):
     """keep = "best" keeps one episode per task of the untrained model, but none of its replies parses: with
     `mask_defects` every reply is context, nothing is left to learn, and the stage passes the model on."""
-    text = f"""
-name = "rft-masked"
-[model]
-name = "{tiny_model_dir}"
-[env]
-name = "household"
-[env.options]
-max_steps = 2
-[[stages]]
-kind = "rft"
-tasks = 2
-samples = 2
-max_new_tokens = 4
-keep = "best"
-min_progress = 0.0
-mask_defects = true
-"""
+    text = _rft_recipe(tiny_model_dir, 'keep = "best"\nmin_progress = 0.0\nmask_defects = true')
     summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
     rft = summary["stages"]["rft"]["result"]
     assert rft["yield"]["kept"] == 2 and rft["steps"] == 0 and rft["model"] == str(tiny_model_dir)

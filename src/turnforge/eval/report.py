@@ -128,8 +128,8 @@ def stage_result_text(kind: str, result: dict[str, Any]) -> str:
         )
     if kind == "rft":
         y = result["yield"]
-        if not result["steps"]:
-            return f"kept 0 of {y['sampled']} sampled episodes: model unchanged"
+        if not result["steps"]:  # nothing kept, or nothing left to learn after mask_defects
+            return f"kept {y['kept']} of {y['sampled']} sampled episodes, none to learn from: model unchanged"
         return (
             f"kept {y['kept']} of {y['sampled']} sampled episodes (yield {100 * y['yield']:.1f}%), "
             f"then {result['steps']} SFT steps on {result['examples']} examples"

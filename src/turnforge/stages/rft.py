@@ -89,18 +89,15 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
         raise ValueError(f"stage {stage.id}: its model is an unmerged LoRA adapter; set merge = true where it was trained")
     # Sampling and selection on the main process (under `accelerate launch`), the fine-tuning on every one.
     sampled, n_episodes, n_kept, report = main_process_result(lambda: _sample_and_keep(stage, index, stage_dir, ctx))
-    if not n_kept and report.get("masked"):  # kept episodes, but every reply of them a defect
-        logger.warning("stage %s: every reply of the %d episodes kept is a defect (mask_defects): nothing to learn; "
-                       "the model is passed on untrained", stage.id, report["kept"])
-    elif not n_kept:  # nothing to learn from: the model goes on unchanged, and the run says so
-        logger.warning(
-            "stage %s: no episode to keep out of %d (success rate %.3f); the model is passed on untrained. "
-            "Sample more (samples, tasks), set keep = \"best\", or train the model longer first",
-            stage.id, n_episodes, sampled["success"],
-        )
-    if not n_kept:
+    if not n_kept:  # nothing to learn from: the model goes on unchanged, and the run says so
+        if report["kept"]:  # episodes were kept, but mask_defects left none of their replies to learn
+            why = f"every reply of the {report['kept']} episodes kept is a defect (mask_defects)"
+        else:
+            why = f"no episode to keep out of {n_episodes} (success rate {sampled['success']:.3f})"
+        logger.warning("stage %s: %s; the model is passed on untrained. Sample more (samples, tasks), set keep = "
+                       "\"best\", or train the model longer first", stage.id, why)
         return {"model": start.path, "adapter": False, "steps": 0, "sample_success": sampled["success"],
-                "yield": report, "note": "no episode kept: model unchanged"}
+                "yield": report, "note": f"{why}: model unchanged"}
     kept_path = stage_dir / KEPT_FILE
     extra = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
     result = run_sft(start.path, [str(kept_path), *extra], stage_dir, stage.settings())
