@@ -86,6 +86,12 @@ def test_settings_errors_name_the_field():
         GRPOSettings(tasks_per_step=2, num_generations=3, micro_batch_size=4)
     with pytest.raises(ValueError, match="step_discount"):
         GRPOSettings(step_advantage_weight=1.0, step_discount=0.0)
+    for explore, temperature in ((1.5, 1.0), (-0.1, 1.0), (0.5, 0.0)):
+        with pytest.raises(ValueError, match="explore"):
+            GRPOSettings(explore=explore, temperature=temperature)
+    assert "explore" not in GRPOSettings(explore=0.25).trl_kwargs()  # the rollout's, not TRL's
+    with pytest.raises(ValueError, match="explore below 1 .*colocate"):
+        GRPOSettings(explore=0.5, use_vllm=True, trl={"vllm_mode": "server"})
     assert "step_advantage_weight" not in GRPOSettings(step_advantage_weight=1.0).trl_kwargs()  # ours, not TRL's
     vllm = GRPOSettings(use_vllm=True, trl={"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:8000"})
     assert vllm.trl_kwargs()["use_vllm"] is True

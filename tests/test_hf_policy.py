@@ -14,7 +14,7 @@ from turnforge.data.sft import trajectory_examples
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.models.chat import window_messages
 from turnforge.policies import make_policy
-from turnforge.policies.base import Prompt, SamplingParams
+from turnforge.policies.base import Prompt, SamplingParams, explores
 from turnforge.policies.hf import HFPolicy, cut_generation
 from turnforge.policies.prefix_cache import PrefixCache
 from turnforge.rollout import RolloutLimits, run_episodes
@@ -140,6 +140,38 @@ def test_sampling_is_seeded_per_reply_whatever_shares_its_batch(tiny_model_dir, 
     assert [g.ids for g in again.generate(prompts, dataclasses.replace(params, seed=6))] != first
 
 
+def test_explores_draws_its_share_of_replies_from_the_episode_and_turn(tasks):
+    """The per-reply choice between a sampled and a greedy reply depends on (seed, task, sample, turn) alone."""
+    prompts = [Prompt(messages=[], task=t, sample=s, turn=k) for t in tasks for s in range(40) for k in range(30)]
+    for share in (0.0, 0.25, 1.0):
+        params = SamplingParams(temperature=1.0, explore=share)
+        drawn = [explores(params, p) for p in prompts]
+        assert abs(sum(drawn) / len(drawn) - share) < 0.03  # 3,600 draws: a standard error of 0.7 points
+        assert drawn == [explores(params, p) for p in prompts]
+    params = SamplingParams(temperature=1.0, explore=0.25)
+    assert [explores(params, p) for p in prompts] != [explores(dataclasses.replace(params, seed=1), p) for p in prompts]
+    assert not explores(SamplingParams(temperature=0.0), prompts[0])  # greedy decoding never samples
+
+
+def test_replies_not_explored_are_the_greedy_ones_with_their_logprobs(policy, tasks):
+    """explore < 1: a reply `explores` leaves out is the greedy reply, token for token, with the same log-probs
+    (log_softmax(logits / T) at T = 1); the explored ones are sampled as with explore = 1."""
+    prompts = [dataclasses.replace(p, sample=s) for p in prompts_of(policy, tasks) for s in range(6)]
+    greedy = policy.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3, explore=0.5)
+    mixed = policy.generate(prompts, params)
+    sampled = policy.generate(prompts, dataclasses.replace(params, explore=1.0))
+    chosen = [explores(params, p) for p in prompts]
+    assert 0 < sum(chosen) < len(chosen)
+    for gen, g, s, explored in zip(mixed, greedy, sampled, chosen, strict=True):
+        want = s if explored else g
+        assert gen.ids == want.ids
+        assert gen.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+    assert any(s.ids != g.ids for s, g in zip(sampled, greedy, strict=True))  # the untrained model samples other replies
+    with pytest.raises(ValueError, match="explore"):
+        policy.generate(prompts[:1], dataclasses.replace(params, explore=1.5))
+
+
 def test_make_policy_hf_and_bad_params(tiny_model_dir, policy, tasks):
     made = make_policy("hf", model=str(tiny_model_dir))
     assert isinstance(made, HFPolicy) and made.renderer.window is None and made.model_id == str(tiny_model_dir)
@@ -258,9 +290,9 @@ def test_fresh_prompts_run_apart_from_episodes_that_go_on_from_their_cache(tiny_
         policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=batch_size)
         generate_batch = policy._generate_batch
 
-        def spy(prompts, params, keys, seeds, cached, policy=policy, generate_batch=generate_batch):
+        def spy(prompts, params, keys, seeds, cached, sampled, policy=policy, generate_batch=generate_batch):
             batches.append({policy.prefix_cache.cached_length(k, p) > 0 for k, p in zip(keys, prompts, strict=True)})
-            return generate_batch(prompts, params, keys, seeds, cached)
+            return generate_batch(prompts, params, keys, seeds, cached, sampled)
 
         def generate(prompts, params, policy=policy, generate=policy.generate):
             fresh = {policy.prefix_cache.cached_length((p.task.id, p.sample), p.ids) == 0 for p in prompts}

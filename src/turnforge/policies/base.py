@@ -8,6 +8,7 @@ from a model's.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -33,6 +34,19 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     seed: int = 0
+    explore: float = 1.0
+    """The share of replies sampled; the others are the greedy reply (argmax), chosen per reply by `explores`.
+    1 = every reply sampled (the usual); below 1, episodes play greedily and leave it at a few turns, so a
+    group's outcomes differ by what those turns did (RL aimed at the greedy policy that is evaluated)."""
+
+
+def explores(params: SamplingParams, prompt: Prompt) -> bool:
+    """Whether this reply is sampled (else greedy): a draw from (seed, task, sample, turn), the same in any batch
+    and on every backend."""
+    if params.explore >= 1.0 or params.temperature == 0:
+        return params.temperature > 0
+    key = f"explore/{params.seed}/{prompt.task.id}/{prompt.sample}/{prompt.turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2**64 < params.explore
 
 
 @dataclass

@@ -35,7 +35,7 @@ from transformers import (
 from turnforge.models.attention import cpu_gqa
 from turnforge.models.chat import ChatTemplateRenderer
 from turnforge.models.loading import load_model
-from turnforge.policies.base import Generation, Prompt, SamplingParams, prompt_ids
+from turnforge.policies.base import Generation, Prompt, SamplingParams, explores, prompt_ids
 from turnforge.policies.prefix_cache import Entry, PrefixCache, batch_cache, batch_layout, gather_rows
 
 # Generation settings the model's own generation_config.json must not slip in (HF fills unset fields from it,
@@ -108,6 +108,7 @@ class HFPolicy:
         # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
         keys = [(p.task.id, p.sample) if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
         seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
+        sampled = [explores(params, p) for p in prompts]
         # Episodes that go on from their cached keys/values run apart from prompts encoded afresh: in one batch every
         # row would be padded to a fresh prompt's whole length (in a rollout, a new episode joining old ones).
         cached = [self.prefix_cache.cached_length(key, row) if key is not None else 0 for key, row in zip(keys, ids, strict=True)]
@@ -118,7 +119,7 @@ class HFPolicy:
                 chunk = order[start : start + self.batch_size]
                 batch = self._generate_batch(
                     [ids[i] for i in chunk], params, [keys[i] for i in chunk], [seeds[i] for i in chunk],
-                    [cached[i] for i in chunk],
+                    [cached[i] for i in chunk], [sampled[i] for i in chunk],
                 )
                 for i, gen in zip(chunk, batch, strict=True):
                     out[i] = gen
@@ -130,8 +131,9 @@ class HFPolicy:
             self.prefix_cache.forget(keys)
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list, seeds: list[int],
-                        cached: list[int]) -> list[Generation]:
-        """`cached[i]`: how many leading ids of prompt i the prefix cache holds for `keys[i]` (0: encoded afresh)."""
+                        cached: list[int], sampled: list[bool]) -> list[Generation]:
+        """`cached[i]`: how many leading ids of prompt i the prefix cache holds for `keys[i]` (0: encoded afresh);
+        `sampled[i]`: row i is sampled, else greedy (`SamplingParams.explore`)."""
         if min(len(p) for p in prompts) == 0:
             raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
         cache = self.prefix_cache
@@ -158,7 +160,7 @@ class HFPolicy:
                 attention_mask=attention_mask,
                 past_key_values=past,
                 generation_config=config,
-                logits_processor=_processors(params, recorder, seeds),
+                logits_processor=_processors(params, recorder, seeds, sampled),
                 tokenizer=self.tokenizer if params.stop else None,
             )
         width = width_cached + width_suffix
@@ -272,10 +274,12 @@ class RowSampler(LogitsProcessor):
     """Samples every row from its own generator (seeded by `row_seed`): the Gumbel-max trick, argmax(scores + G)
     with G ~ Gumbel(0, 1) drawn per row, is a draw from softmax(scores); generate then decodes greedily. Last in
     the list, after temperature and top-k / top-p (their -inf stays -inf). transformers samples the whole batch
-    from the one global generator instead, so a row's draw depended on its neighbours."""
+    from the one global generator instead, so a row's draw depended on its neighbours. Rows not `sampled` get no
+    noise: their argmax is the greedy token (temperature and top-p keep the most likely token on top)."""
 
-    def __init__(self, seeds: list[int]) -> None:
+    def __init__(self, seeds: list[int], sampled: list[bool] | None = None) -> None:
         self.seeds = seeds
+        self.sampled = sampled if sampled is not None else [True] * len(seeds)
         self.generators: list[torch.Generator] | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -284,6 +288,8 @@ class RowSampler(LogitsProcessor):
         width = scores.shape[-1]
         uniform = torch.stack([torch.rand(width, generator=g, device=scores.device) for g in self.generators])
         gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+        if not all(self.sampled):
+            gumbel = gumbel * torch.tensor(self.sampled, dtype=gumbel.dtype, device=gumbel.device).unsqueeze(1)
         return scores.float() + gumbel
 
 
@@ -309,7 +315,8 @@ class TopP(LogitsProcessor):
         return out
 
 
-def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[int]) -> LogitsProcessorList:
+def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[int],
+                sampled: list[bool] | None = None) -> LogitsProcessorList:
     """Temperature, the log-prob recorder, top-k and top-p, then the per-row sampler (greedy: the recorder alone)."""
     if params.temperature == 0:
         return LogitsProcessorList([recorder])
@@ -321,7 +328,7 @@ def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[i
         out.append(TopKLogitsWarper(params.top_k))
     if params.top_p < 1.0:
         out.append(TopP(params.top_p))
-    out.append(RowSampler(seeds))
+    out.append(RowSampler(seeds, sampled))
     return LogitsProcessorList(out)
 
 
@@ -334,3 +341,5 @@ def _check_params(params: SamplingParams) -> None:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
     if params.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+    if not 0.0 <= params.explore <= 1.0:
+        raise ValueError(f"explore must be in [0, 1], got {params.explore}")

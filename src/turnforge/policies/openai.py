@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from turnforge.policies.base import BackendError, Generation, Prompt, SamplingParams
+from turnforge.policies.base import BackendError, Generation, Prompt, SamplingParams, explores
 from turnforge.types import Message, ToolCall
 
 # vLLM's extension parameters (also read by `turnforge serve`); hosted APIs refuse unknown ones with a 400.
@@ -112,7 +112,7 @@ class OpenAIPolicy:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": chat_messages(prompt.messages, prompt.env.format if tools else None),
-            "temperature": params.temperature,
+            "temperature": params.temperature if explores(params, prompt) else 0.0,
             "top_p": params.top_p,
             "max_tokens": params.max_new_tokens,
             "seed": request_seed(params.seed, prompt),

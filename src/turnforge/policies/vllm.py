@@ -25,7 +25,14 @@ import hashlib
 from typing import Any
 
 from turnforge.models.chat import ChatTemplateRenderer
-from turnforge.policies.base import BackendNotInstalled, Generation, Prompt, SamplingParams, prompt_ids
+from turnforge.policies.base import (
+    BackendNotInstalled,
+    Generation,
+    Prompt,
+    SamplingParams,
+    explores,
+    prompt_ids,
+)
 from turnforge.policies.hf import _check_params, finish_generation
 
 INSTALL = 'vLLM is not installed: pip install "turnforge[vllm]" (it needs a CUDA GPU; on a CPU use --policy hf)'
@@ -90,7 +97,7 @@ class VLLMPolicy:
 
     def _sampling(self, vllm, params: SamplingParams, prompt: Prompt):
         return vllm.SamplingParams(
-            temperature=params.temperature,
+            temperature=params.temperature if explores(params, prompt) else 0.0,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1,  # -1 = off in every vLLM version
             max_tokens=params.max_new_tokens,
@@ -151,6 +158,9 @@ class TRLServerPolicy:
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         _check_params(params)
+        if params.explore < 1:
+            raise ValueError("explore below 1 samples some replies and decodes others greedily, and trl vllm-serve's "
+                             "client takes one temperature a call: use vllm_mode = \"colocate\" or the hf backend")
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         out = self.client.generate(
             prompts=ids, n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,

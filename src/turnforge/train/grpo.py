@@ -264,7 +264,7 @@ class EpisodeRollouts:
         self.calls += 1
         params = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-            seed=s.seed + 7919 * self.calls,
+            seed=s.seed + 7919 * self.calls, explore=s.explore,
         )
         limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
         prefixes: dict[str, list[Generation]] = {}

@@ -265,6 +265,9 @@ class GRPOSettings:
     top_p: float = 1.0
     top_k: int = 0
     """Sample from the k most likely tokens only; 0 = off (TRL's GRPOConfig.top_k)."""
+    explore: float = 1.0
+    """The share of replies sampled; the others are the greedy reply (`SamplingParams.explore`). Below 1 the
+    group's episodes follow the greedy policy, which is what is evaluated, and leave it at a few turns."""
     max_new_tokens: int = 256
     """Tokens per assistant turn."""
     max_turns: int | None = None
@@ -312,6 +315,8 @@ class GRPOSettings:
             ("learning_rate", self.learning_rate > 0, "more than 0"),
             ("temperature", self.temperature >= 0, "0 (greedy) or more"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
+            ("explore", 0 <= self.explore <= 1 and (self.explore == 1 or self.temperature > 0),
+             "in [0, 1], and below 1 only with a temperature above 0"),
             ("epsilon", self.epsilon >= 0, "0 or more"),
             ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
             ("top_k", self.top_k >= 0, "0 (off) or more"),
@@ -330,6 +335,9 @@ class GRPOSettings:
                 f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
                 f"num_generations = {self.episodes_per_step}"
             )
+        if self.explore < 1 and self.use_vllm and self.trl.get("vllm_mode") == "server":
+            raise ValueError("grpo setting explore below 1 needs a temperature per reply, which trl vllm-serve's "
+                             "client does not take: use vllm_mode = \"colocate\" or leave use_vllm off")
 
     @property
     def episodes_per_step(self) -> int:
