@@ -6,6 +6,7 @@ chat completion. What the client sent is recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from turnforge.cli import app
 from turnforge.eval.runner import run_eval
 from turnforge.policies import make_policy
-from turnforge.policies.base import BackendError, Prompt, SamplingParams
+from turnforge.policies.base import BackendError, Prompt, SamplingParams, explores
 from turnforge.policies.openai import chat_messages
 from turnforge.rollout import RolloutLimits
 from turnforge.types import Message, Task, ToolCall, Trajectory
@@ -120,6 +121,16 @@ def test_429_then_success_is_retried_and_usage_counted(serve_script):
     (gen,) = policy.generate([_prompt()], SamplingParams())
     assert gen.text == "ACTION: look" and len(server.requests) == 2
     assert policy.usage.to_dict() == {"requests": 1, "prompt_tokens": 10, "completion_tokens": 3, "retries": 1}
+
+
+def test_replies_explore_leaves_out_are_asked_for_greedily(serve_script):
+    """`SamplingParams.explore`: the requests `explores` leaves out go at temperature 0, the others as set."""
+    prompts = [dataclasses.replace(_prompt(), turn=k) for k in range(12)]
+    server, url = serve_script(*[("ok", completion())] * len(prompts))
+    params = SamplingParams(temperature=0.8, explore=0.5)
+    _policy(url).generate(prompts, params)
+    sent = [r["temperature"] for r in server.requests]
+    assert sent == [0.8 if explores(params, p) else 0.0 for p in prompts] and set(sent) == {0.0, 0.8}
 
 
 def test_500s_until_retries_run_out_say_so_in_one_line(serve_script):
@@ -266,7 +277,7 @@ def test_eval_sampling_flags_reach_the_server_and_summary_and_greedy_samples_war
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "sampled" / "summary.json").read_text())
     assert summary["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "max_new_tokens": 7,
-                                   "stop": ["\n", "END"], "seed": 3}
+                                   "stop": ["\n", "END"], "seed": 3, "explore": 1.0}
     sent = server.requests[-1]
     assert (sent["temperature"], sent["top_p"], sent["max_tokens"], sent["stop"]) == (0.7, 0.9, 7, ["\n", "END"])
     assert sent["top_k"] == 5 and sent["include_stop_str_in_output"] and sent["return_token_ids"]
