@@ -155,7 +155,7 @@ def test_household_eval_through_http_equals_the_in_process_eval(url, tiny_model_
     assert differ == {"policy", "wall_s", "wall_s_invocation", "usage"}
     assert http["usage"]["completion_tokens"] == http["tokens_generated"] > 0 and http["usage"]["retries"] == 0
     assert http["sampling"] == local["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                                                     "max_new_tokens": 12, "stop": [], "seed": 0}
+                                                     "max_new_tokens": 12, "stop": [], "seed": 0, "explore": 1.0}
     by_key = {e.key: e for e in _episodes(tmp_path / "hf")}
     for episode in _episodes(tmp_path / "http"):
         twin = by_key[episode.key]
