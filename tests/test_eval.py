@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from turnforge.cli import app
 from turnforge.eval.metrics import SUMMARY_KEYS
 from turnforge.eval.runner import run_eval
+from turnforge.policies.base import SamplingParams
 from turnforge.types import Trajectory
 
 runner = CliRunner()
@@ -77,6 +78,20 @@ def test_a_different_run_in_the_same_out_dir_is_refused(tmp_path):
     with pytest.raises(ValueError, match="n_tasks"):
         _eval(out, n_tasks=3)
     assert (out / "episodes.jsonl").read_text() == before
+
+
+def test_a_run_json_written_before_a_sampling_field_existed_resumes(tmp_path):
+    """Its missing field held the default then: an interrupted eval resumes after an upgrade that adds one."""
+    out = tmp_path / "run"
+    first = _eval(out, n_tasks=2)
+    run = json.loads((out / "run.json").read_text())
+    del run["sampling"]["explore"]
+    (out / "run.json").write_text(json.dumps(run))
+    (out / "summary.json").unlink()
+    again = _eval(out, n_tasks=2)
+    assert again["success"] == first["success"] and again["sampling"]["explore"] == 1.0
+    with pytest.raises(ValueError, match="sampling"):
+        _eval(out, n_tasks=2, params=SamplingParams(explore=0.5))
 
 
 @pytest.mark.parametrize("policy,samples", [("random", 2), ("expert", 1)])

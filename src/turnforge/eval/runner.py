@@ -232,6 +232,8 @@ def check_same_run(out: Path, identity: dict[str, Any]) -> None:
             raise ValueError(f"{out} holds {EPISODES_FILE} but no {RUN_FILE}; use another --out")
         return
     before = json.loads(run_file.read_text(encoding="utf-8"))
+    if isinstance(before.get("sampling"), dict):  # a run.json from before a sampling field existed held its default
+        before["sampling"] = dataclasses.asdict(SamplingParams()) | before["sampling"]
     now = json.loads(json.dumps(identity))  # compare in JSON types (tuples -> lists)
     if before != now:
         diffs = [
