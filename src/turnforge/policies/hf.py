@@ -279,8 +279,9 @@ class RowSampler(LogitsProcessor):
 
     def __init__(self, seeds: list[int], sampled: list[bool] | None = None) -> None:
         self.seeds = seeds
-        self.sampled = sampled if sampled is not None else [True] * len(seeds)
+        self.sampled = sampled if sampled is not None and not all(sampled) else None  # None: every row sampled
         self.generators: list[torch.Generator] | None = None
+        self.noise_mask: torch.Tensor | None = None  # [rows, 1]: 1 sampled, 0 greedy; built once, on the first step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.generators is None:
@@ -288,8 +289,10 @@ class RowSampler(LogitsProcessor):
         width = scores.shape[-1]
         uniform = torch.stack([torch.rand(width, generator=g, device=scores.device) for g in self.generators])
         gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
-        if not all(self.sampled):
-            gumbel = gumbel * torch.tensor(self.sampled, dtype=gumbel.dtype, device=gumbel.device).unsqueeze(1)
+        if self.sampled is not None:
+            if self.noise_mask is None:
+                self.noise_mask = torch.tensor(self.sampled, dtype=gumbel.dtype, device=gumbel.device).unsqueeze(1)
+            gumbel = gumbel * self.noise_mask
         return scores.float() + gumbel
 
 
