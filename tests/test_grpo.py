@@ -19,6 +19,7 @@ from turnforge.train.grpo import (
     component_reward,
     episode_sequence,
     grpo_config,
+    prompt_groups,
     real_spans,
     restart_turn,
     run_grpo,
@@ -138,9 +139,25 @@ def test_real_spans_find_each_rows_run_of_real_tokens():
     assert real_spans(torch.tensor([[1, 0, 1]])) is None  # a hole: not one run
 
 
+def test_prompt_groups_share_a_groups_prompt_less_its_last_token_in_whole_blocks():
+    pad = 0
+    ids = torch.tensor([
+        [pad, 5, 6, 7, 8, 9, 1, 2],  # prompt 5 6 7 8 9 (positions 1-5), completion from position 6
+        [pad, 5, 6, 7, 8, 9, 3, pad],
+        [pad, pad, 5, 6, 7, 8, 1, 2],  # another prompt: a row alone
+        [pad, 5, 6, 7, 8, 9, 4, 4],
+    ])
+    spans = [(1, 8), (1, 7), (2, 8), (1, 8)]
+    # prompt of 5 tokens: its first 4 can run once; in blocks of 2 that is 4, in blocks of 3 it is 3
+    assert prompt_groups(ids, spans, first=6, block=2) == [([0, 1, 3], 4), ([2], 0)]
+    assert prompt_groups(ids, spans, first=6, block=3) == [([0, 1, 3], 3), ([2], 0)]
+    assert prompt_groups(ids, spans, first=6, block=8) == [([0, 1, 3], 0), ([2], 0)]
+
+
 def test_episode_scoring_gives_trls_log_probs_entropies_and_gradients(household_sft_model_dir, tmp_path):
-    """Each episode scored on its own tokens (sorted, 4 rows a chunk, no padding mask) gives TRL's padded-batch
-    log-probabilities and entropies on every real completion token, and the same gradient (float32)."""
+    """Each episode scored on its own tokens (sorted, 4 rows a chunk, no padding mask), its group's prompt run
+    once, gives TRL's padded-batch log-probabilities and entropies on every real completion token, and the same
+    gradient (float32)."""
     from trl import GRPOTrainer
 
     model, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
@@ -158,6 +175,8 @@ def test_episode_scoring_gives_trls_log_probs_entropies_and_gradients(household_
     keep = batch["completion_ids"].shape[1]
     lengths = {e - s for s, e in real_spans(mask)}
     assert len(lengths) > 1 and (mask == 0).any(), "the batch must hold episodes of several lengths"
+    groups = prompt_groups(ids, real_spans(mask), ids.shape[1] - keep, EpisodeGRPOTrainer.PROMPT_BLOCK)
+    assert [len(rows) for rows, _ in groups] == [3, 3, 3] and all(shared >= 128 for _, shared in groups), groups
     scored = batch["completion_mask"].bool()
     results = []
     for score in (EpisodeGRPOTrainer._get_per_token_logps_and_entropies, GRPOTrainer._get_per_token_logps_and_entropies):

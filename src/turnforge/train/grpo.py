@@ -81,6 +81,7 @@ from turnforge.train.runtime import (
     MODEL_DIR,
     MetricsFileCallback,
     autocast_wrapped_forward,
+    expanded_cache,
     resume_point,
     save_trained,
     training_dtype,
@@ -477,6 +478,18 @@ def real_spans(attention_mask: torch.Tensor) -> list[tuple[int, int]] | None:
     return spans
 
 
+def prompt_groups(input_ids: torch.Tensor, spans: list[tuple[int, int]], first: int,
+                  block: int) -> list[tuple[list[int], int]]:
+    """The rows of a GRPO batch that share their prompt (a task's group), with how many of its leading tokens to
+    run once for them: the prompt less its last token (whose output scores the first completion token), rounded
+    down to `block` (few shapes: oneDNN builds a kernel per new shape). 0 for a row alone or a short prompt.
+    Groups in order of their first row."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for row, (start, _) in enumerate(spans):
+        groups.setdefault(tuple(input_ids[row, start:first].tolist()), []).append(row)
+    return [(rows, (len(prompt) - 1) // block * block if len(rows) > 1 else 0) for prompt, rows in groups.items()]
+
+
 class EpisodeGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer that scores each episode on its own tokens: TRL pads a batch's prompts on the left and its
     completions on the right to the batch's longest, and a multi-turn batch spans short successes and 30-turn
@@ -486,9 +499,15 @@ class EpisodeGRPOTrainer(GRPOTrainer):
     right padding out of every real token's view. Log-probabilities and entropies land where TRL's would (0
     on padding, which its masks drop), through TRL's own fused head. Positions restart at 0 for each row;
     RoPE depends on position differences only, so the scores are TRL's up to rounding. On a CPU the head scores
-    the completion positions only (`train.lm_head`)."""
+    the completion positions only (`train.lm_head`).
+
+    The episodes of a group share their prompt (the task's opening, ~45 % of an episode's tokens in the
+    quickstart): it runs once per group, one row (`prompt_groups`), and the group's rows continue from its
+    keys/values as SFT's `packing = "prefix"` does (`runtime.expanded_cache`); nothing in it is scored, and its
+    gradient is the sum over the rows, as when each row ran it."""
 
     ROWS_PER_CHUNK = 4  # a fixed row count keeps the chunk shapes few (oneDNN builds a kernel per new shape)
+    PROMPT_BLOCK = 64  # a shared prompt is run to a multiple of this many tokens (few shapes, as above)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -506,26 +525,37 @@ class EpisodeGRPOTrainer(GRPOTrainer):
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         logps = input_ids.new_zeros((rows, logits_to_keep), dtype=torch.float32)
         entropies = logps.clone() if compute_entropy else None
-        order = sorted(range(rows), key=lambda r: spans[r][1] - spans[r][0], reverse=True)
-        # per row: (start, end) of its real tokens and the first completion token with a token before it
-        extents = [(start, end, max(first, start + 1)) for start, end in spans]
-        for at in range(0, rows, self.ROWS_PER_CHUNK):
-            chunk = order[at : at + self.ROWS_PER_CHUNK]
-            longest = max(max(spans[r][1] - spans[r][0] for r in chunk), 2)
-            ids = input_ids.new_full((len(chunk), -(-longest // multiple) * multiple), pad)
-            labels = torch.full_like(ids, -100)
-            for k, r in enumerate(chunk):
-                start, end, scored = extents[r]
-                ids[k, : end - start] = input_ids[r, start:end]
-                labels[k, scored - start : end - start] = input_ids[r, scored:end]
-            with self.accelerator.autocast():
-                out = model(input_ids=ids, labels=labels, fused_lm_head=True)
-            for k, r in enumerate(chunk):
-                start, end, scored = extents[r]
-                if end > scored:  # log_probs[t] scores token t + 1
-                    logps[r, scored - first : end - first] = out.log_probs[k, scored - start - 1 : end - start - 1]
-                    if compute_entropy:
-                        entropies[r, scored - first : end - first] = out.entropy[k, scored - start - 1 : end - start - 1]
+        for group, shared in prompt_groups(input_ids, spans, first, self.PROMPT_BLOCK):
+            prefix = None
+            if shared:
+                start = spans[group[0]][0]
+                with self.accelerator.autocast():
+                    prefix = model(input_ids=input_ids[group[0] : group[0] + 1, start : start + shared], use_cache=True,
+                                   logits_to_keep=1).cache
+            # per row: where its run starts (after the shared prompt), ends, and its first scored token
+            extents = {r: (spans[r][0] + shared, spans[r][1], max(first, spans[r][0] + 1)) for r in group}
+            order = sorted(group, key=lambda r: extents[r][1] - extents[r][0], reverse=True)
+            for at in range(0, len(order), self.ROWS_PER_CHUNK):
+                chunk = order[at : at + self.ROWS_PER_CHUNK]
+                longest = max(max(extents[r][1] - extents[r][0] for r in chunk), 2)
+                ids = input_ids.new_full((len(chunk), -(-longest // multiple) * multiple), pad)
+                labels = torch.full_like(ids, -100)
+                for k, r in enumerate(chunk):
+                    start, end, scored = extents[r]
+                    ids[k, : end - start] = input_ids[r, start:end]
+                    labels[k, scored - start : end - start] = input_ids[r, scored:end]
+                cached = {}
+                if prefix is not None:
+                    positions = torch.arange(shared, shared + ids.shape[1], device=ids.device).expand(len(chunk), -1)
+                    cached = {"cache": expanded_cache(prefix, len(chunk), model.config), "position_ids": positions}
+                with self.accelerator.autocast():
+                    out = model(input_ids=ids, labels=labels, fused_lm_head=True, **cached)
+                for k, r in enumerate(chunk):
+                    start, end, scored = extents[r]
+                    if end > scored:  # log_probs[t] scores token t + 1
+                        logps[r, scored - first : end - first] = out.log_probs[k, scored - start - 1 : end - start - 1]
+                        if compute_entropy:
+                            entropies[r, scored - first : end - first] = out.entropy[k, scored - start - 1 : end - start - 1]
         if out.log_probs.requires_grad and not logps.requires_grad:  # no token scored (all truncated): as TRL,
             logps = logps + 0 * out.log_probs.sum()  # a zero that backward can run through
         return logps, entropies, None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import DynamicCache, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig
 
@@ -26,7 +26,7 @@ from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 logger = logging.getLogger(__name__)
 
 __all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "autocast_wrapped_forward",
-           "last_complete_checkpoint",
+           "expanded_cache", "last_complete_checkpoint",
            "resume_point", "runtime_args", "save_trained", "training_dtype", "trl_config", "cpu_bf16_args"]
 # transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns).
 CHECKPOINTING_FIELD = next(
@@ -85,6 +85,15 @@ def autocast_wrapped_forward(model) -> Any | None:
     """The forward accelerate wrapped in autocast when it prepared `model` for mixed precision (it keeps it in
     `_original_forward`), or None for a model it has not wrapped."""
     return model.__dict__.get("_original_forward")
+
+
+def expanded_cache(prefix, rows: int, config) -> DynamicCache:
+    """The keys/values of a prefix run once (one row), expanded (not copied) to `rows` rows that continue it: the
+    rows attend to the prefix as a generation step would, and backward sums their gradients into its one run."""
+    cache = DynamicCache(config=config)
+    for index, layer in enumerate(prefix.layers):
+        cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), index)
+    return cache
 
 
 def training_dtype(lora: LoraSpec | None) -> str:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 from trl import SFTConfig, SFTTrainer
 
 from turnforge.data.sft import DataCounts, fit_to_length, source_examples
@@ -54,6 +54,7 @@ from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
     MetricsFileCallback,
+    expanded_cache,
     resume_point,
     save_trained,
     training_dtype,
@@ -277,9 +278,7 @@ class SharedPrefixSFTTrainer(SFTTrainer):
         marks = {name: len(metrics[name]) for name in ("entropy", "mean_token_accuracy")}
         loss, weights = None, []
         for rows, width in prefix_chunks(labels, mask, p, self.ROWS_PER_CHUNK, self.PREFIX_BLOCK):
-            cache = DynamicCache(config=model.config)
-            for index, layer in enumerate(prefix.layers):
-                cache.update(layer.keys.expand(len(rows), -1, -1, -1), layer.values.expand(len(rows), -1, -1, -1), index)
+            cache = expanded_cache(prefix, len(rows), model.config)
             positions = torch.arange(p, width, device=ids.device).expand(len(rows), -1)
             chunk_labels = labels[rows, p:width]
             chunk = {**inputs, "input_ids": ids[rows, p:width], "labels": chunk_labels, "position_ids": positions,
