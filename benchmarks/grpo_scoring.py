@@ -4,10 +4,12 @@ One generation batch of the quickstart's GRPO stage (4 tasks x 8 episodes sample
 quickstart's env and sampling), then the forward + backward of the per-token log-probabilities that GRPO's loss
 runs on it, timed `--repeats` times for each way in the same process under bf16 autocast where the CPU has it:
 TRL's `_get_per_token_logps_and_entropies` (prompts left-padded, completions right-padded to the batch's
-longest, an attention mask) and `EpisodeGRPOTrainer`'s (rows sorted by length, 4 at a time, right-padded to the
-chunk's longest, no mask). Prints the padded and real token counts, seconds per pass, the ratio and the largest
-log-probability difference on real completion tokens, and each way's mean distance from the
-log-probabilities the rollout sampled with (float32) on the generated tokens.
+longest, an attention mask), `EpisodeGRPOTrainer`'s (rows sorted by length, 4 at a time, right-padded to the
+chunk's longest, no mask; each group's prompt run once), and the same with every row running its own prompt
+(the way before prompts were shared: `PROMPT_BLOCK` larger than any prompt). Prints the padded and real token
+counts, seconds per pass, the ratios and the largest log-probability difference from TRL's on real completion
+tokens, and each way's mean distance from the log-probabilities the rollout sampled with (float32) on the
+generated tokens.
 
     .venv/bin/python benchmarks/grpo_scoring.py --model runs/quickstart/stages/05-rft/model
 """
@@ -59,11 +61,14 @@ def main() -> None:
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     keep, scored = batch["completion_ids"].shape[1], batch["completion_mask"].bool()
     learnt, sampled = scored & batch["tool_mask"].bool(), batch["sampling_per_token_logps"]
-    ways = {"episodes apart (turnforge)": EpisodeGRPOTrainer._get_per_token_logps_and_entropies,
-            "padded batch (TRL)": GRPOTrainer._get_per_token_logps_and_entropies}
+    ours = EpisodeGRPOTrainer._get_per_token_logps_and_entropies
+    ways = {"episodes apart, prompts shared (turnforge)": (ours, EpisodeGRPOTrainer.PROMPT_BLOCK),
+            "episodes apart, prompts not shared": (ours, ids.shape[1] + 1),
+            "padded batch (TRL)": (GRPOTrainer._get_per_token_logps_and_entropies, None)}
     seconds, logps = {}, {}
     for _ in range(args.repeats + 1):  # the first pass of each way builds its kernels: not timed
-        for name, score in ways.items():
+        for name, (score, block) in ways.items():
+            trainer.PROMPT_BLOCK = block
             model.zero_grad()
             start = time.perf_counter()
             out, _, _ = score(trainer, model, ids, mask, keep, compute_entropy=True)
@@ -71,12 +76,14 @@ def main() -> None:
             seconds.setdefault(name, []).append(time.perf_counter() - start)
             logps[name] = out.detach()
     mean = {name: sum(s[1:]) / args.repeats for name, s in seconds.items()}
-    ours, trls = logps.values()
+    shared, unshared, trls = mean.values()
     print(json.dumps({
         "episodes": ids.shape[0], "padded_tokens": ids.numel(), "real_tokens": int(mask.sum()),
         **{f"{name} s": round(s, 3) for name, s in mean.items()},
-        "ratio": round(mean["padded batch (TRL)"] / mean["episodes apart (turnforge)"], 2),
-        "max_logp_difference": float((ours - trls)[scored].abs().max()),
+        "ratio (TRL / shared)": round(trls / shared, 2),
+        "ratio (not shared / shared)": round(unshared / shared, 2),
+        **{f"{name} max |logp - TRL's|": float((logps[name] - logps["padded batch (TRL)"])[scored].abs().max())
+           for name in list(ways)[:2]},
         # against the float32 log-probabilities the rollout sampled with (the importance ratio's denominator)
         **{f"{name} mean |logp - sampled|": float((logps[name] - sampled)[learnt].abs().mean()) for name in ways},
     }, indent=2))
