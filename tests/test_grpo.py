@@ -152,6 +152,9 @@ def test_prompt_groups_share_a_groups_prompt_less_its_last_token_in_whole_blocks
     assert prompt_groups(ids, spans, first=6, block=2) == [([0, 1, 3], 4), ([2], 0)]
     assert prompt_groups(ids, spans, first=6, block=3) == [([0, 1, 3], 3), ([2], 0)]
     assert prompt_groups(ids, spans, first=6, block=8) == [([0, 1, 3], 0), ([2], 0)]
+    # rows with no real tokens share an empty prompt: nothing to run once
+    empty = torch.zeros((2, 8), dtype=torch.long)
+    assert prompt_groups(empty, [(0, 0), (0, 0)], first=6, block=2) == [([0, 1], 0)]
 
 
 def test_episode_scoring_gives_trls_log_probs_entropies_and_gradients(household_sft_model_dir, tmp_path):

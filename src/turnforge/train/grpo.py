@@ -485,9 +485,9 @@ def prompt_groups(input_ids: torch.Tensor, spans: list[tuple[int, int]], first: 
     down to `block` (few shapes: oneDNN builds a kernel per new shape). 0 for a row alone or a short prompt.
     Groups in order of their first row."""
     groups: dict[tuple[int, ...], list[int]] = {}
-    for row, (start, _) in enumerate(spans):
-        groups.setdefault(tuple(input_ids[row, start:first].tolist()), []).append(row)
-    return [(rows, (len(prompt) - 1) // block * block if len(rows) > 1 else 0) for prompt, rows in groups.items()]
+    for row, (start, end) in enumerate(spans):
+        groups.setdefault(tuple(input_ids[row, start : min(first, end)].tolist()), []).append(row)
+    return [(rows, max(len(prompt) - 1, 0) // block * block if len(rows) > 1 else 0) for prompt, rows in groups.items()]
 
 
 class EpisodeGRPOTrainer(GRPOTrainer):
