@@ -190,6 +190,9 @@ def test_an_out_dir_is_used_by_one_process_and_a_killed_ones_lock_is_taken_over(
         deadline = time.monotonic() + 60
         while not (out / "episodes.jsonl").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+        # stopped, it holds the folder however long the second takes to start (4-5 s of imports; under CI's load the
+        # first, left running, once finished its 8 episodes before the second looked, and the second resumed them)
+        first.send_signal(signal.SIGSTOP)
         second = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60)
         assert second.returncode == 2
         assert f"in use by turnforge pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
