@@ -445,3 +445,30 @@ def test_entity_names_hold_every_name_a_generated_room_shows(knobs):
             shown |= set(display_names(ids).values()) | {f"loc {r['loc']}" for r in task["receptacles"]}
     assert shown <= names, sorted(shown - names)
     assert len(shown) > 100
+
+
+def test_the_explorer_searches_on_from_what_other_replies_looked_into():
+    """Replies not its own (a model's, between expert-guided turns) looked into the first two receptacles the
+    search would visit; the explorer then goes to the third, not back to the first, and still solves the task."""
+    checked = 0
+    for task in load_tasks("household", "test", limit=200):
+        if task.category != "pick_and_place_simple":
+            continue
+        env = make_env("household", expert="explorer")
+        env.reset(task)
+        w = env.world
+        plausible = [r for r in w.receptacles.values()
+                     if w.goal["object"] in CAN_CONTAIN[r.type] and r.type != w.goal["receptacle"]]
+        if len(plausible) < 3 or any(w.objects[o].type == w.goal["object"] for r in plausible[:2] for o in r.contents):
+            continue
+        for rec in plausible[:2]:  # the "model" searches them itself
+            env.step(env.action_message(f"go to {rec.name}"))
+            if rec.openable and not rec.opened:
+                env.step(env.action_message(f"open {rec.name}"))
+        assert env.expert_reply().content == f"go to {plausible[2].name}"
+        result = None
+        while result is None or not result.done:
+            result = env.step(env.expert_reply())
+        assert result.stop is StopReason.success
+        checked += 1
+    assert checked >= 5

@@ -45,8 +45,14 @@ def explores(params: SamplingParams, prompt: Prompt) -> bool:
     and on every backend."""
     if params.explore >= 1.0 or params.temperature == 0:
         return params.temperature > 0
-    key = f"explore/{params.seed}/{prompt.task.id}/{prompt.sample}/{prompt.turn}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2**64 < params.explore
+    return turn_draw("explore", params.seed, prompt) < params.explore
+
+
+def turn_draw(what: str, seed: int, prompt: Prompt) -> float:
+    """A uniform draw in [0, 1) fixed by (what, seed, task, sample, turn): a per-reply choice that is the same in
+    any batch, on every backend and after a resume."""
+    key = f"{what}/{seed}/{prompt.task.id}/{prompt.sample}/{prompt.turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2**64
 
 
 @dataclass

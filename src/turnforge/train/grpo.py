@@ -73,6 +73,7 @@ from turnforge.policies.base import Generation, Policy, SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.policies.queue import Role
 from turnforge.policies.roles import env_roles
+from turnforge.policies.scripted import ExpertGuided
 from turnforge.rewards import COMPONENTS, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.train.lm_head import score_labelled_only
@@ -216,6 +217,8 @@ class EpisodeRollouts:
         self.greedy: list[bool] = []
         """This batch's greedy episodes' success (`restarts`), and how many of its groups restarted."""
         self.restarted = 0
+        self.guided = 0
+        """This batch's replies written by the expert (`guide`)."""
         self.step_advantages: list[list[float]] | None = None
         """The last batch's per-token step-level advantages (`step_advantage_weight` > 0), for `StepCreditGRPOTrainer`."""
 
@@ -223,7 +226,7 @@ class EpisodeRollouts:
         started = time.perf_counter()
         slots = [self.tasks[p[-1]["task_id"]] for p in prompts]
         self.trainer = trainer
-        self.greedy, self.restarted = [], 0
+        self.greedy, self.restarted, self.guided = [], 0, 0
         if trainer.use_vllm:  # vLLM generates; the trained model is not needed here
             played = self._play(None, slots)
             groups, replaced, left = self._resample(None, played)
@@ -271,6 +274,8 @@ class EpisodeRollouts:
         prefixes: dict[str, list[Generation]] = {}
         if s.restarts != "none":
             runs, prefixes = self._restart_points(policy, runs, limits, params)
+        if s.guide:
+            policy = ExpertGuided(policy, s.guide, seed=params.seed)
         # Each run gets its own task copy id so that a task drawn twice in one batch stays two groups.
         width = max(n for _, n in runs)
         keyed = [Task(f"{t.id}#{k}", t.env, t.split, t.category, t.data) for k, (t, _) in enumerate(runs)]
@@ -280,6 +285,7 @@ class EpisodeRollouts:
             policy, self._make_env, keyed, width, limits, params, skip=skip,
             renderer=policy.renderer, roles=self._roles(params), prefixes=replays,
         )
+        self.guided += getattr(policy, "guided", 0)
         by_key: dict[str, list[Trajectory]] = {}
         for traj in trajs:
             by_key.setdefault(traj.task_id, []).append(traj)
@@ -421,7 +427,7 @@ class EpisodeRollouts:
         # main process logs them all, gathered.
         mine = [(t.score.success, t.score.progress, self._total(t), len(t.turns)) for t in episodes]
         first = [(t.score.success, self._total(t)) for t in drawn]
-        counts = [(len(groups), left, replaced, len(self.greedy), sum(self.greedy), self.restarted)]
+        counts = [(len(groups), left, replaced, len(self.greedy), sum(self.greedy), self.restarted, self.guided)]
         if self.trainer.accelerator.num_processes > 1:
             mine, first, counts = gather_object(mine), gather_object(first), gather_object(counts)
         if not self.trainer.accelerator.is_main_process:
@@ -445,6 +451,8 @@ class EpisodeRollouts:
             line["greedy_episodes"] = sum(c[3] for c in counts)
             line["greedy_success"] = sum(c[4] for c in counts) / max(1, line["greedy_episodes"])
             line["restarted_groups"] = sum(c[5] for c in counts)
+        if self.settings.guide:  # replacements' episodes included
+            line["guided_turns"] = sum(c[6] for c in counts)
         with self.log_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -268,6 +268,9 @@ class GRPOSettings:
     explore: float = 1.0
     """The share of replies sampled; the others are the greedy reply (`SamplingParams.explore`). Below 1 the
     group's episodes follow the greedy policy, which is what is evaluated, and leave it at a few turns."""
+    guide: float = 0.0
+    """The share of replies the env's expert writes instead of the model, at the state the episode reached
+    (`ExpertGuided`: expert-guided exploration, kept or not by the group's reward); 0 = off."""
     max_new_tokens: int = 256
     """Tokens per assistant turn."""
     max_turns: int | None = None
@@ -317,6 +320,7 @@ class GRPOSettings:
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("explore", 0 <= self.explore <= 1 and (self.explore == 1 or self.temperature > 0),
              "in [0, 1], and below 1 only with a temperature above 0"),
+            ("guide", 0 <= self.guide < 1, "in [0, 1)"),
             ("epsilon", self.epsilon >= 0, "0 or more"),
             ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
             ("top_k", self.top_k >= 0, "0 (off) or more"),
@@ -335,6 +339,10 @@ class GRPOSettings:
                 f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
                 f"num_generations = {self.episodes_per_step}"
             )
+        if self.guide and self.use_vllm:
+            raise ValueError("grpo setting guide > 0 puts replies vLLM did not sample into the batch, and TRL's "
+                             "importance correction would weigh them by a sampling log-prob they do not have: "
+                             "leave use_vllm off with guide")
         if self.explore < 1 and self.use_vllm and self.trl.get("vllm_mode") == "server":
             raise ValueError("grpo setting explore below 1 needs a temperature per reply, which trl vllm-serve's "
                              "client does not take: use vllm_mode = \"colocate\" or leave use_vllm off")

@@ -156,6 +156,7 @@ class HouseholdEnv:
             action, call = action_of(reply)
             text, chk = self.world.step(action)
             self._advance_plan(action, chk.ok)
+            self._explorer.observe(self.world)
             defects = self._defects(chk)
             if not chk.ok:
                 self.invalid += 1

@@ -16,11 +16,22 @@ from turnforge.envs.household.engine import Receptacle, World
 
 
 class Explorer:
-    """Stateful over one episode: remembers the last receptacle it searched (the search pointer)."""
+    """Stateful over one episode: remembers which receptacles the current search has seen (`observe`)."""
 
     def __init__(self) -> None:
-        self.pointer = -1  # index (in the room listing) of the last receptacle searched
+        self.pointer = -1  # index (in the room listing) of the receptacle the search last went to
+        self.seen: set[str] = set()  # receptacles whose contents the agent has seen since the search (re)started
         self.placed = 0
+        self.lamp_search = False
+
+    def observe(self, w: World) -> None:
+        """After every step, whoever chose it: the receptacle the agent stands at counts as searched once its
+        contents are in view. So the search goes on from what the episode has seen, also when other replies
+        (a model's, between expert-guided turns; a noisy expert's detours) moved the agent, instead of sending it
+        back to receptacles it has looked into. On the expert's own episodes this is where its search went."""
+        here = w.receptacles.get(w.at) if w.at else None
+        if here is not None and not (here.openable and not here.opened):
+            self.seen.add(here.name)
 
     def next_action(self, w: World) -> str:
         g = w.goal
@@ -30,7 +41,8 @@ class Explorer:
             return self._look_task(w)
         placed = w.goal_objects_placed()
         if placed != self.placed:  # a delivery restarts the search for the next object
-            self.placed, self.pointer = placed, -1
+            self.placed = placed
+            self._restart()
         held = w.objects[w.held] if w.held else None
         if held is not None:
             transform = g["transform"]
@@ -57,9 +69,12 @@ class Explorer:
         if w.held is None:
             candidate = self._visible(w, g["object"])
             if candidate:
-                self.pointer = -1  # the lamp search starts over
+                self.lamp_search = False
                 return f"take {candidate} from {w.at}"
             return self._search(w, g["object"])
+        if not self.lamp_search:  # the lamp search starts over, at the first turn with the object in hand
+            self.lamp_search = True
+            self._restart()
         lamp = self._visible(w, g["toggle"], need_open=False)
         if lamp:
             return f"use {lamp}"
@@ -76,21 +91,30 @@ class Explorer:
                 return name
         return None
 
+    def _restart(self) -> None:
+        self.pointer = -1
+        self.seen.clear()
+
     def _search(self, w: World, otype: str, skip_type: str | None = None) -> str:
-        """Open the closed receptacle we stand at if we came to search it, else go to the next one."""
-        here = w.receptacles.get(w.at) if w.at else None
+        """Open the receptacle we stand at if it is closed and one to search, else go to the first (in listing
+        order) that can hold `otype` and whose contents the search has not seen."""
+        def unseen(rec: Receptacle) -> bool:
+            return rec.name not in self.seen and otype in CAN_CONTAIN[rec.type] and rec.type != skip_type
+
         listing = list(w.receptacles)
-        if here is not None and listing.index(here.name) == self.pointer and here.openable and not here.opened:
+        here = w.receptacles.get(w.at) if w.at else None
+        if here is not None and unseen(here) and here.openable and not here.opened:
+            self.pointer = listing.index(here.name)
             return f"open {here.name}"
         for i, rec in enumerate(w.receptacles.values()):
-            if i <= self.pointer or otype not in CAN_CONTAIN[rec.type] or rec.type == skip_type:
+            if not unseen(rec):
                 continue
             self.pointer = i
-            if rec.name != w.at:
-                return f"go to {rec.name}"
-            if rec.openable and not rec.opened:
-                return f"open {rec.name}"
-        self.pointer = -1  # searched everything (only after objects moved): start over
+            if rec is here:  # open, its contents in view: searched now, in its turn of the listing
+                self.seen.add(rec.name)
+                continue
+            return f"go to {rec.name}"
+        self._restart()  # searched everything (only after objects moved): start over
         return "look"
 
 
