@@ -2,11 +2,13 @@
 
 The oracle planner (`expert.py`) knows where every object is, so its first move ("go to drawer 3")
 cannot be inferred from what the agent has seen; a model imitating it can only guess. This expert
-acts only on what its recent turns showed: it searches the receptacles that can hold the object
-(in the order the room listing names them, opening closed ones), takes a goal object as soon as one
-is in view, transforms it at the first appliance of the right kind, and delivers it to the first
-receptacle of the goal type. Each decision depends on the goal, the room listing and the last turn
-or two, so a model with a short history window can learn it. `--env-opt expert=explorer`.
+acts only on what the episode showed: it searches the receptacles that can hold the object and that
+the episode has not looked into since the search began (in the order the room listing names them,
+opening closed ones), takes a goal object as soon as one is in view, transforms it at the first
+appliance of the right kind, and delivers it to the first receptacle of the goal type. On its own
+episodes each decision depends on the goal, the room listing and the last turn or two (its search
+goes down the listing), so a model with a short history window can learn it; from a state other
+replies reached, it searches on from what they looked into. `--env-opt expert=explorer`.
 """
 
 from __future__ import annotations
