@@ -184,3 +184,24 @@ def test_grpo_and_envtune_split_and_env_options_are_checked(tmp_path):
     message = str(info.value)
     assert "stages.grpo.split: env 'household' has no split 'no_such_split'" in message
     assert "stages.envtune.env: env 'household' has no option 'no_such_option'" in message
+
+
+def test_rft_guided_sampling_keeps_episodes_the_expert_helped_the_untrained_model_finish(tiny_model_dir, tmp_path):
+    """`guide = 0.9`: the env's expert writes most replies, so the untrained model's episodes can succeed; they
+    are kept and trained on, and the sampling's run.json records the guidance (a rerun without it is another run)."""
+    text = _rft_recipe(tiny_model_dir, "guide = 0.9\ntrain = { max_steps = 2 }").replace(
+        "max_steps = 2\n[[stages]]", 'max_steps = 20\nexpert = "explorer"\n[[stages]]')
+    summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
+    rft = summary["stages"]["rft"]["result"]
+    assert rft["yield"]["kept"] >= 1 and rft["steps"] == 2
+    run = json.loads((tmp_path / "run/stages/01-rft/samples/run.json").read_text())
+    assert run["policy_options"]["guide"] == 0.9
+    with pytest.raises(RecipeError, match="guide"):
+        _load(_rft_recipe(tiny_model_dir, "guide = 1.0"), tmp_path)
+
+
+def test_guide_is_for_model_policies():
+    from turnforge.policies import make_policy
+
+    with pytest.raises(ValueError, match="guide .*model policies"):
+        make_policy("expert", guide=0.5)

@@ -62,6 +62,8 @@ def run_rollouts(
             "dtype": ctx.recipe.model.dtype,
             "batch_size": stage.batch_size,
         }
+        if getattr(stage, "guide", 0.0):  # rft's guided sampling (an eval stage has no such field)
+            policy_options["guide"] = stage.guide
         model_options = {"params": stage.sampling(), "policy_options": policy_options}
     env, env_options = ctx.recipe.stage_env(stage)
     return run_eval(

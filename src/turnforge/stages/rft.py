@@ -61,6 +61,9 @@ class RFTStageConfig(RolloutStage, TrainStage):
     """Replay each kept episode in the env and train on none of the replies it flags as defective ("Nothing
     happens.", a loop, a format error: `turnforge.data.rft.mask_defects`); they stay as context, so a success
     that recovered from a slip teaches the recovery, not the slip."""
+    guide: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """The share of the sampled replies the env's expert writes, at the state the episode reached (`ExpertGuided`);
+    the kept successes then hold its replies where the model's own would have failed. 0 = the model alone."""
     data: list[str] = Field(default_factory=list)
     """More training data mixed in (earlier collect stages, hf:DATASET, JSONL files), e.g. the SFT data."""
     train: dict[str, Any] = Field(default_factory=dict)
