@@ -63,7 +63,8 @@ class RFTStageConfig(RolloutStage, TrainStage):
     that recovered from a slip teaches the recovery, not the slip."""
     guide: float = Field(default=0.0, ge=0.0, lt=1.0)
     """The share of the sampled replies the env's expert writes, at the state the episode reached (`ExpertGuided`);
-    the kept successes then hold its replies where the model's own would have failed. 0 = the model alone."""
+    the kept successes then hold its replies where the model's own failed, and also the model's mistakes that a
+    later expert reply repaired (docs/quickstart.md, sixteenth session: not better than unguided there). 0 = off."""
     data: list[str] = Field(default_factory=list)
     """More training data mixed in (earlier collect stages, hf:DATASET, JSONL files), e.g. the SFT data."""
     train: dict[str, Any] = Field(default_factory=dict)
