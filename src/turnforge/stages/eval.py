@@ -45,11 +45,13 @@ def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContex
 
 
 def run_rollouts(
-    stage: RolloutStage, index: int, out: Path, ctx: RunContext, scripted_options: dict[str, Any] | None = None
+    stage: RolloutStage, index: int, out: Path, ctx: RunContext, scripted_options: dict[str, Any] | None = None,
+    guide: float = 0.0,
 ) -> dict[str, Any]:
     """Episodes of `stage.policy` on `stage.split` into `out` (resumable); returns the eval summary.
 
-    `scripted_options` go to a scripted policy (collect's expert `noise`). With the recipe's `[scale] ray` set
+    `scripted_options` go to a scripted policy (collect's expert `noise`); `guide` to a model policy (rft's
+    expert-guided sampling, `ExpertGuided`). With the recipe's `[scale] ray` set
     they run on Ray workers (collect, eval and rft's sampling alike)."""
     model_path, model_options = None, {"policy_options": scripted_options} if scripted_options else {}
     if stage.policy == "hf":  # scripted policies take no model and no sampling settings
@@ -62,8 +64,8 @@ def run_rollouts(
             "dtype": ctx.recipe.model.dtype,
             "batch_size": stage.batch_size,
         }
-        if getattr(stage, "guide", 0.0):  # rft's guided sampling (an eval stage has no such field)
-            policy_options["guide"] = stage.guide
+        if guide:
+            policy_options["guide"] = guide
         model_options = {"params": stage.sampling(), "policy_options": policy_options}
     env, env_options = ctx.recipe.stage_env(stage)
     return run_eval(

@@ -115,7 +115,7 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
 
 def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> tuple:
     """Sample the episodes (resumable), keep the good ones in kept.jsonl: (summary, sampled, kept, yield report)."""
-    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx)
+    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx, guide=stage.guide)
     episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
     kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress, stage.skip_solved)
     if kept and stage.mask_defects:

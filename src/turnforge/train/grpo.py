@@ -285,7 +285,8 @@ class EpisodeRollouts:
             policy, self._make_env, keyed, width, limits, params, skip=skip,
             renderer=policy.renderer, roles=self._roles(params), prefixes=replays,
         )
-        self.guided += getattr(policy, "guided", 0)
+        if isinstance(policy, ExpertGuided):
+            self.guided += policy.guided
         by_key: dict[str, list[Trajectory]] = {}
         for traj in trajs:
             by_key.setdefault(traj.task_id, []).append(traj)
