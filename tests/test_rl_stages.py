@@ -205,3 +205,60 @@ def test_guide_is_for_model_policies():
 
     with pytest.raises(ValueError, match="guide .*model policies"):
         make_policy("expert", guide=0.5)
+
+
+def test_aim_at_failures_returns_the_failed_tasks_and_draws_replay_from_the_successes():
+    """The expert plays four tasks to the end (successes) and two for one turn only (failures)."""
+    from turnforge.envs.base import load_tasks, make_env
+    from turnforge.policies import make_policy
+    from turnforge.rollout import RolloutLimits, run_episodes
+    from turnforge.stages.rft import aim_at_failures
+
+    tasks = load_tasks("household", "train", limit=6)
+    env = lambda: make_env("household")  # noqa: E731
+    won = run_episodes(make_policy("expert"), env, tasks[:4], 1, progress=False)
+    cut = run_episodes(make_policy("expert"), env, tasks[4:], 1, RolloutLimits(max_turns=1), progress=False)
+    played = [*won[:2], *cut, *won[2:]]
+    assert all(t.score.success for t in won) and not any(t.score.success for t in cut)
+    failed, replay = aim_at_failures(played, 2, seed=0)
+    assert failed == [tasks[4].id, tasks[5].id]
+    assert len(replay) == 2 and all(t.score.success for t in replay)
+    order = [t.task_id for t in played]
+    assert [order.index(t.task_id) for t in replay] == sorted(order.index(t.task_id) for t in replay)  # play order
+    assert aim_at_failures(played, 2, seed=0)[1] == replay  # the same seed draws the same
+    assert {t.task_id for t in aim_at_failures(played, 9, seed=0)[1]} == {t.id for t in tasks[:4]}  # capped
+
+
+def test_rft_aimed_at_greedy_failures_samples_only_them_and_repeats_the_kept(tiny_model_dir, tmp_path):
+    """aim = "greedy_failures": the stage plays its tasks greedily first (stages/NN-rft/greedy) and samples only
+    those it failed (here all: the untrained model solves none; the expert's guidance makes samples succeed);
+    repeat_kept = 2 trains on each kept episode twice."""
+    fields = 'aim = "greedy_failures"\nreplay = 3\nrepeat_kept = 2\nguide = 0.9\ntrain = { max_steps = 2 }'
+    text = _rft_recipe(tiny_model_dir, fields).replace("max_steps = 2\n[[stages]]", 'max_steps = 20\nexpert = "explorer"\n[[stages]]')
+    summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
+    rft = summary["stages"]["rft"]["result"]
+    stage_dir = tmp_path / "run/stages/01-rft"
+    greedy = [json.loads(line) for line in (stage_dir / "greedy/episodes.jsonl").read_text().splitlines()]
+    assert len(greedy) == 2 and not any(e["score"]["success"] for e in greedy)
+    greedy_run = json.loads((stage_dir / "greedy/run.json").read_text())
+    assert greedy_run["samples"] == 1 and greedy_run["sampling"]["temperature"] == 0.0
+    assert "guide" not in greedy_run["policy_options"]  # the greedy play is the model's own
+    sampled = json.loads((stage_dir / "samples/run.json").read_text())
+    assert sampled["task_ids"] == sorted(e["task_id"] for e in greedy) and sampled["samples"] == 2
+    report = rft["yield"]
+    assert report["greedy_failures"] == 2 and report["replay"] == 0 and report["kept"] >= 1
+    assert rft["records"] == 2 * report["kept"] and rft["steps"] == 2
+    assert not (stage_dir / "replay.jsonl").exists()
+    with pytest.raises(RecipeError, match="replay"):
+        _load(_rft_recipe(tiny_model_dir, "replay = 3"), tmp_path)
+
+
+def test_run_eval_plays_only_the_task_ids_given(tmp_path):
+    from turnforge.envs.base import load_tasks
+    from turnforge.eval.runner import run_eval
+
+    ids = [t.id for t in load_tasks("household", "test", limit=5)]
+    summary = run_eval("household", {}, "expert", "test", 5, 1, 0, tmp_path / "e", task_ids=[ids[3], ids[1]])
+    episodes = [json.loads(line)["task_id"] for line in (tmp_path / "e/episodes.jsonl").read_text().splitlines()]
+    assert sorted(episodes) == sorted([ids[1], ids[3]]) and summary["n_episodes"] == 2
+    assert json.loads((tmp_path / "e/run.json").read_text())["task_ids"] == sorted([ids[1], ids[3]])

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ def run_eval(
     policy_options: dict[str, Any] | None = None,
     max_env_errors: float = 0.0,
     scale: ScaleConfig | None = None,
+    task_ids: Collection[str] | None = None,
 ) -> dict:
     """Evaluate `policy_spec` on env `env`; writes run.json, episodes.jsonl, summary.json; returns the summary.
 
@@ -65,7 +67,8 @@ def run_eval(
     in one, `EnvErrors` is raised after everything is written, naming the first cause; the same command then
     redoes those episodes (and only those).
 
-    `n_tasks=None` takes the whole split (for a replay: the tasks its file holds). `params` are the sampling
+    `n_tasks=None` takes the whole split (for a replay: the tasks its file holds); `task_ids`, when given, keeps
+    only those of the selected tasks (rft's sampling of the tasks its greedy play failed). `params` are the sampling
     settings of model policies (default: `SamplingParams(seed=seed)`); `policy_options` go to the model
     backend (hf: device, dtype, window, batch_size, adapter). Raises ValueError (bad input, or an out dir
     holding another run) before any episode runs.
@@ -100,6 +103,7 @@ def run_eval(
         "samples": samples,
         "seed": seed,
         "n_tasks": n_tasks,
+        **({"task_ids": sorted(task_ids)} if task_ids is not None else {}),
         # Only the limits that change results; batch size and env workers do not.
         "limits": {k: getattr(limits, k) for k in ("max_turns", "max_format_errors", "max_total_tokens")},
         "sampling": dataclasses.asdict(params),
@@ -110,6 +114,9 @@ def run_eval(
     check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
     roles = {} if on_ray else env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
+    if task_ids is not None:
+        wanted_ids = set(task_ids)
+        tasks = [t for t in tasks if t.id in wanted_ids]
     with locked(out):  # one process per out dir: two evals would write every episode twice
         (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
         episodes_path = out / EPISODES_FILE

@@ -10,6 +10,7 @@ the stage's sampling settings and history window.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,12 +47,13 @@ def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContex
 
 def run_rollouts(
     stage: RolloutStage, index: int, out: Path, ctx: RunContext, scripted_options: dict[str, Any] | None = None,
-    guide: float = 0.0,
+    guide: float = 0.0, task_ids: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Episodes of `stage.policy` on `stage.split` into `out` (resumable); returns the eval summary.
 
     `scripted_options` go to a scripted policy (collect's expert `noise`); `guide` to a model policy (rft's
-    expert-guided sampling, `ExpertGuided`). With the recipe's `[scale] ray` set
+    expert-guided sampling, `ExpertGuided`); `task_ids` keeps only those of the split's first `stage.tasks`
+    (rft's sampling of what its greedy play failed). With the recipe's `[scale] ray` set
     they run on Ray workers (collect, eval and rft's sampling alike)."""
     model_path, model_options = None, {"policy_options": scripted_options} if scripted_options else {}
     if stage.policy == "hf":  # scripted policies take no model and no sampling settings
@@ -80,6 +82,7 @@ def run_rollouts(
         model=model_path,
         limits=RolloutLimits(max_turns=stage.max_turns, max_open=stage.batch_size),
         scale=ctx.recipe.scale,
+        task_ids=task_ids,
         **model_options,
     )
 

@@ -1,6 +1,7 @@
 """Stage `rft`: rejection fine-tuning — sample k episodes per task with the current model, keep the good
 ones (`turnforge.data.rft.select_rft`), fine-tune on them with the SFT trainer.
 
+    stages/NN-rft/greedy/         with aim = "greedy_failures": the greedy play of the tasks (resumable)
     stages/NN-rft/samples/        episodes.jsonl + summary.json of the sampling (resumable, as an eval)
     stages/NN-rft/kept.jsonl      the episodes trained on
     stages/NN-rft/model/          the fine-tuned model; metrics.jsonl beside it
@@ -13,6 +14,7 @@ done.json reports the yield (kept / sampled) overall and per category.
 from __future__ import annotations
 
 import logging
+import random
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -29,11 +31,14 @@ from turnforge.stages.eval import run_rollouts
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
 from turnforge.train.settings import SettingsError, SFTSettings
+from turnforge.types import Trajectory
 
 logger = logging.getLogger(__name__)
 
 SAMPLES_DIR = "samples"
+GREEDY_DIR = "greedy"
 KEPT_FILE = "kept.jsonl"
+REPLAY_FILE = "replay.jsonl"
 
 SFTSettingsTable = with_settings_fields("SFTSettingsTable", Table, SFTSettings)
 """rft's `train` table: the fields of an sft stage's training (unknown keys and bad values name the field)."""
@@ -65,6 +70,15 @@ class RFTStageConfig(RolloutStage, TrainStage):
     """The share of the sampled replies the env's expert writes, at the state the episode reached (`ExpertGuided`);
     the kept successes then hold its replies where the model's own failed, and also the model's mistakes that a
     later expert reply repaired (docs/quickstart.md, sixteenth session: not better than unguided there). 0 = off."""
+    aim: Literal["all", "greedy_failures"] = "all"
+    """all: sample every task. greedy_failures: play each task greedily first and sample only the tasks that play
+    failed, so what is kept is where the greedy policy (the one evaluated) fails and some sample does not
+    (expert iteration aimed at pass@k -> pass@1; docs/quickstart.md, seventeenth session)."""
+    replay: int = Field(default=0, ge=0)
+    """With aim = "greedy_failures": this many of the greedy play's own successes (drawn with `seed`) are trained on
+    beside the kept episodes, so that fine-tuning on the failed tasks does not move the play on the others."""
+    repeat_kept: int = Field(default=1, ge=1)
+    """Each kept episode appears this many times in the fine-tuning data (its weight against `replay` and `data`)."""
     data: list[str] = Field(default_factory=list)
     """More training data mixed in (earlier collect stages, hf:DATASET, JSONL files), e.g. the SFT data."""
     train: dict[str, Any] = Field(default_factory=dict)
@@ -72,6 +86,12 @@ class RFTStageConfig(RolloutStage, TrainStage):
 
     def settings(self) -> SFTSettings:
         return SFTSettings(**self.train)
+
+    @model_validator(mode="after")
+    def _replay_needs_greedy_play(self) -> RFTStageConfig:
+        if self.replay and self.aim != "greedy_failures":
+            raise ValueError('replay takes the greedy play\'s successes: it needs aim = "greedy_failures"')
+        return self
 
     @model_validator(mode="after")
     def _train_is_valid(self) -> RFTStageConfig:
@@ -94,7 +114,9 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
     # Sampling and selection on the main process (under `accelerate launch`), the fine-tuning on every one.
     sampled, n_episodes, n_kept, report = main_process_result(lambda: _sample_and_keep(stage, index, stage_dir, ctx))
     if not n_kept:  # nothing to learn from: the model goes on unchanged, and the run says so
-        if report["kept"]:  # episodes were kept, but mask_defects left none of their replies to learn
+        if report.get("greedy_failures") == 0:
+            why = "the greedy play solved every task (aim = greedy_failures)"
+        elif report["kept"]:  # episodes were kept, but mask_defects left none of their replies to learn
             why = f"every reply of the {report['kept']} episodes kept is a defect (mask_defects)"
         else:
             why = f"no episode to keep out of {n_episodes} (success rate {sampled['success']:.3f})"
@@ -102,9 +124,10 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
                        "\"best\", or train the model longer first", stage.id, why)
         return {"model": start.path, "adapter": False, "steps": 0, "sample_success": sampled["success"],
                 "yield": report, "note": f"{why}: model unchanged"}
-    kept_path = stage_dir / KEPT_FILE
+    kept_path, replay_path = stage_dir / KEPT_FILE, stage_dir / REPLAY_FILE
     extra = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
-    result = run_sft(start.path, [str(kept_path), *extra], stage_dir, stage.settings())
+    own = [str(kept_path)] * stage.repeat_kept + ([str(replay_path)] if stage.replay and replay_path.exists() else [])
+    result = run_sft(start.path, [*own, *extra], stage_dir, stage.settings())
     return {
         **result,
         **trained_model(stage_dir, ctx),
@@ -115,9 +138,22 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
 
 def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> tuple:
     """Sample the episodes (resumable), keep the good ones in kept.jsonl: (summary, sampled, kept, yield report)."""
-    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx, guide=stage.guide)
+    task_ids, report_greedy = None, {}
+    if stage.aim == "greedy_failures":
+        greedy = stage.model_copy(update={"temperature": 0.0, "top_p": 1.0, "top_k": 0, "samples": 1})
+        screen = run_rollouts(greedy, index, stage_dir / GREEDY_DIR, ctx)
+        played = read_episodes(stage_dir / GREEDY_DIR / EPISODES_FILE)
+        task_ids, replay = aim_at_failures(played, stage.replay, stage.seed)
+        report_greedy = {"greedy_success": screen["success"], "greedy_failures": len(task_ids)}
+        if replay:
+            (stage_dir / REPLAY_FILE).write_text("".join(t.to_json() + "\n" for t in replay), encoding="utf-8")
+        report_greedy["replay"] = len(replay)
+        if not task_ids:  # the greedy play solves every task: nothing to aim at
+            return screen, 0, 0, {"kept": 0, **report_greedy}
+    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx, guide=stage.guide, task_ids=task_ids)
     episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
     kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress, stage.skip_solved)
+    report.update(report_greedy)
     if kept and stage.mask_defects:
         env_name, raw_options = ctx.recipe.stage_env(stage)
         options = get_env_spec(env_name).coerce_options(raw_options)
@@ -127,6 +163,15 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
     if kept:
         (stage_dir / KEPT_FILE).write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
     return sampled, len(episodes), len(kept), report
+
+
+def aim_at_failures(played: list[Trajectory], replay: int, seed: int) -> tuple[list[str], list[Trajectory]]:
+    """From the greedy play of the tasks: the ids of the tasks it failed (to sample), and `replay` of its successes
+    (drawn with `seed`, in play order) to train on beside the kept episodes."""
+    failed = [t.task_id for t in played if not t.score.success]
+    solved = [t for t in played if t.score.success]
+    drawn = sorted(random.Random(seed).sample(range(len(solved)), min(replay, len(solved))))
+    return failed, [solved[i] for i in drawn]
 
 
 register_stage(RFTStageConfig, run_rft_stage)
