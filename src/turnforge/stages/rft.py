@@ -144,10 +144,11 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
         screen = run_rollouts(greedy, index, stage_dir / GREEDY_DIR, ctx)
         played = read_episodes(stage_dir / GREEDY_DIR / EPISODES_FILE)
         task_ids, replay = aim_at_failures(played, stage.replay, stage.seed)
-        report_greedy = {"greedy_success": screen["success"], "greedy_failures": len(task_ids)}
+        report_greedy = {"greedy_success": screen["success"], "greedy_failures": len(task_ids), "replay": len(replay)}
         if replay:
             (stage_dir / REPLAY_FILE).write_text("".join(t.to_json() + "\n" for t in replay), encoding="utf-8")
-        report_greedy["replay"] = len(replay)
+        else:  # none drawn this time: an earlier run's file in this folder must not be trained on
+            (stage_dir / REPLAY_FILE).unlink(missing_ok=True)
         if not task_ids:  # the greedy play solves every task: nothing to aim at
             return screen, 0, 0, {"kept": 0, **report_greedy}
     sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx, guide=stage.guide, task_ids=task_ids)
