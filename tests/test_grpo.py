@@ -157,13 +157,18 @@ def test_prompt_groups_share_a_groups_prompt_less_its_last_token_in_whole_blocks
     assert prompt_groups(empty, [(0, 0), (0, 0)], first=6, block=2) == [([0, 1], 0)]
 
 
-def test_episode_scoring_gives_trls_log_probs_entropies_and_gradients(household_sft_model_dir, tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_episode_scoring_gives_trls_log_probs_entropies_and_gradients(household_sft_model_dir, tmp_path, checkpointing):
     """Each episode scored on its own tokens (sorted, 4 rows a chunk, no padding mask), its group's prompt run
     once, gives TRL's padded-batch log-probabilities and entropies on every real completion token, and the same
-    gradient (float32)."""
+    gradient (float32). With activation checkpointing (TRL's default on a GPU) transformers drops a layer's cache
+    in training, so the prompt is then run in every row: the same scores still."""
     from trl import GRPOTrainer
 
     model, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
     tasks = load_tasks("household", "train", limit=3, **ENV_OPTIONS)
     settings = GRPOSettings(steps=1, tasks_per_step=3, num_generations=3, max_new_tokens=12, temperature=1.0,
                             trl={"pad_to_multiple_of": 16})

@@ -33,6 +33,7 @@ from turnforge.train.sft import (
     build_trainer,
     fit_to_length,
     run_sft,
+    sft_config,
     shared_prefix_length,
 )
 from turnforge.types import Message, Score, StopReason, Trajectory, Turn
@@ -451,6 +452,19 @@ def test_shared_prefix_refuses_activation_checkpointing(tmp_path, tokenizer, bas
     settings = SFTSettings(packing="prefix", trl={CHECKPOINTING_FIELD: True})
     with pytest.raises(ValueError, match=f"prefix.*{CHECKPOINTING_FIELD} = false"):
         build_trainer(model, tokenizer, dataset, tmp_path, settings)
+
+
+def test_shared_prefix_turns_the_gpu_default_checkpointing_off(tmp_path, monkeypatch):
+    # The quickstart recipe (packing = "prefix") on a GPU: the machine default turns checkpointing on, the
+    # layout turns it off; other packings keep the machine's default.
+    from turnforge.train import runtime
+    from turnforge.train.runtime import CHECKPOINTING_FIELD
+
+    gpu_defaults = runtime.runtime_args()
+    monkeypatch.setattr(runtime, "runtime_args", lambda: {**gpu_defaults, CHECKPOINTING_FIELD: True})
+    assert getattr(sft_config(tmp_path, SFTSettings(packing="prefix")), CHECKPOINTING_FIELD) is False
+    assert getattr(sft_config(tmp_path, SFTSettings(packing="batch")), CHECKPOINTING_FIELD) is True
+    assert getattr(sft_config(tmp_path, SFTSettings()), CHECKPOINTING_FIELD) is True
 
 
 def test_packing_setting_is_checked():

@@ -82,6 +82,7 @@ from turnforge.train.runtime import (
     MODEL_DIR,
     MetricsFileCallback,
     autocast_wrapped_forward,
+    checkpointing_on,
     expanded_cache,
     resume_point,
     save_trained,
@@ -534,7 +535,10 @@ class EpisodeGRPOTrainer(GRPOTrainer):
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
         logps = input_ids.new_zeros((rows, logits_to_keep), dtype=torch.float32)
         entropies = logps.clone() if compute_entropy else None
+        # transformers drops a layer's cache where checkpointing will recompute it: the rows then run the prompt
+        recomputed = torch.is_grad_enabled() and model.training and checkpointing_on(self.accelerator.unwrap_model(model))
         for group, shared in prompt_groups(input_ids, spans, first, self.PROMPT_BLOCK):
+            shared = 0 if recomputed else shared
             prefix = None
             if shared:
                 start = spans[group[0]][0]

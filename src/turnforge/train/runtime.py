@@ -26,12 +26,20 @@ from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 logger = logging.getLogger(__name__)
 
 __all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "autocast_wrapped_forward",
-           "expanded_cache", "last_complete_checkpoint",
+           "checkpointing_on", "expanded_cache", "last_complete_checkpoint",
            "resume_point", "runtime_args", "save_trained", "training_dtype", "trl_config", "cpu_bf16_args"]
 # transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns).
 CHECKPOINTING_FIELD = next(
     name for name in ("activation_checkpointing", "gradient_checkpointing") if name in SFTConfig.__dataclass_fields__
 )
+
+
+def checkpointing_on(model) -> bool:
+    """Whether activation checkpointing is on for `model` (transformers 5.x renamed the property too)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
 
 
 def runtime_args() -> dict[str, Any]:

@@ -133,8 +133,14 @@ def _log_counts(counts: DataCounts, settings: SFTSettings, n_examples: int) -> N
 
 
 def sft_config(out_dir: Path, settings: SFTSettings) -> SFTConfig:
-    """TRL's config for `settings`: completion-only loss on the pre-tokenized mask, CPU-safe precision."""
-    return trl_config(SFTConfig, out_dir, settings)
+    """TRL's config for `settings`: completion-only loss on the pre-tokenized mask, CPU-safe precision.
+
+    With `packing = "prefix"` the machine's default activation checkpointing (on with a GPU) is turned off, since
+    the shared prefix's cache cannot be recomputed; set on in the stage's `trl` table, `build_trainer` refuses it."""
+    config = trl_config(SFTConfig, out_dir, settings)
+    if settings.packing == "prefix" and CHECKPOINTING_FIELD not in settings.trl:
+        setattr(config, CHECKPOINTING_FIELD, False)
+    return config
 
 
 class BatchRowPacker:
