@@ -35,10 +35,12 @@ CHECKPOINTING_FIELD = next(
 
 
 def checkpointing_on(model) -> bool:
-    """Whether activation checkpointing is on for `model` (transformers 5.x renamed the property too)."""
+    """Whether activation checkpointing is on for `model`, a PEFT wrapper's too (transformers 5.x renamed the
+    property as well)."""
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
+        value = getattr(model, name, None)  # PeftModel passes unknown attributes on to the model it wraps
+        if value is not None:
+            return bool(value)
     return False
 
 
