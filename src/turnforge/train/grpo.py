@@ -514,7 +514,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):
     The episodes of a group share their prompt (the task's opening, ~45 % of an episode's tokens in the
     quickstart): it runs once per group, one row (`prompt_groups`), and the group's rows continue from its
     keys/values as SFT's `packing = "prefix"` does (`runtime.expanded_cache`); nothing in it is scored, and its
-    gradient is the sum over the rows, as when each row ran it."""
+    gradient is the sum over the rows, as when each row ran it. Not in a pass with gradients under activation
+    checkpointing: transformers drops a layer's cache where it will recompute the layer, so each row runs it."""
 
     ROWS_PER_CHUNK = 4  # a fixed row count keeps the chunk shapes few (oneDNN builds a kernel per new shape)
     PROMPT_BLOCK = 64  # a shared prompt is run to a multiple of this many tokens (few shapes, as above)
