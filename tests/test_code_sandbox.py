@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import site as site_module
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from turnforge.envs.code.sandbox import SandboxLimits, SandboxPool
+import turnforge
+from turnforge.envs.code.sandbox import SandboxLimits, SandboxPool, isolation_mode
 
 NAMESPACES_ONLY = "holds in namespaces isolation only (docs/security.md)"
 
@@ -96,7 +101,23 @@ def test_secrets_and_parent_environment_are_unreadable(pool):
                  "for p in ('/etc/shadow', f'/proc/{os.getppid()}/environ', '/proc/1/environ'):\n"
                  "    try: print(open(p).read()[:40])\n    except OSError as e: print('refused', p)")
     assert "hunter2" not in r.stdout and r.stdout.count("refused") == 3, r
-    assert "os.listdir('/root')" and pool.run("import os; print(os.listdir('/root'))").stdout.strip() in ("[]", "['.pyenv']")
+
+
+def test_homes_show_only_what_the_sandbox_binds_for_its_interpreter(pool):
+    """/root and /home are empty tmpfs but for the directories bound back for the interpreter (a pyenv, a venv or
+    clone under /root, ...), wherever the clone and venv are: no other file of a home (keys, tokens, history)."""
+    _needs_namespaces(pool)
+    bound = pool.bound_dirs
+    code = (f"import os\nbound = {bound!r}\n"
+            "def inside(p): return any(p == b or p.startswith(b + '/') for b in bound)\n"
+            "def above(p): return any(b.startswith(p + '/') for b in bound)\n"
+            "extra = []\nfor home in ('/root', '/home'):\n    for top, dirs, files in os.walk(home):\n"
+            "        paths = [os.path.join(top, n) for n in dirs + files]\n"
+            "        extra += [p for p in paths if not inside(p) and not above(p)]\n"
+            "        dirs[:] = [n for n in dirs if above(os.path.join(top, n))]\n"
+            "print(extra, sorted(os.listdir('/root')) if os.path.isdir('/root') else None)")
+    expected_root = sorted({b.split("/")[2] for b in bound if b.startswith("/root/")})
+    assert pool.run(code).stdout == f"[] {expected_root if os.path.isdir('/root') else None}\n"
 
 
 def test_files_of_other_calls_are_gone(pool):
@@ -231,14 +252,37 @@ def test_output_printed_before_a_timeout_is_kept():
         pool.close()
 
 
-def test_an_interpreter_under_tmp_is_refused_clearly_in_namespaces_mode(monkeypatch):
-    """namespaces mode covers /tmp with a private tmpfs: a virtual environment there would vanish under the
-    worker's forker, so the pool refuses it up front and says what to do."""
-    from turnforge.envs.code import sandbox
-
-    monkeypatch.setattr(sandbox.sys, "prefix", "/tmp/clone/.venv")
-    with pytest.raises(ValueError, match=r"hides this interpreter \(/tmp/clone/.venv\).*isolation='rlimits'"):
-        sandbox._check_interpreter_outside(sandbox.PRIVATE_DIRS)
-    monkeypatch.setattr(sandbox.sys, "prefix", "/opt/venv")
-    monkeypatch.setattr(sandbox.sys, "executable", "/opt/venv/bin/python")
-    sandbox._check_interpreter_outside(sandbox.PRIVATE_DIRS)
+def test_a_pool_started_from_a_venv_under_tmp_works_and_sees_nothing_else_there():
+    """A clone under /tmp: its venv, its source (the worker's own files) and a `--target` dir added by a .pth file
+    all lie under /tmp, which namespaces mode covers with a private tmpfs. They are bound back read-only: the pool
+    runs code from there, and nothing else of the host's /tmp is visible or writable (it was refused up front)."""
+    if isolation_mode() != "namespaces":
+        pytest.skip(NAMESPACES_ONLY)
+    with tempfile.TemporaryDirectory(dir="/tmp") as clone:
+        base = Path(clone)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base / "venv")], check=True)
+        shutil.copytree(Path(turnforge.__file__).parent, base / "src/turnforge",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        (base / "target").mkdir()
+        (base / "target/tfprobe.py").write_text("WHERE = 'target'\n")
+        (base / "sibling.txt").write_text("host secret")
+        site = next((base / "venv/lib").glob("python3*/site-packages"))
+        deps = "\n".join(site_module.getsitepackages())  # (this venv's packages, outside /tmp: pydantic, ...)
+        (site / "paths.pth").write_text(f"{base / 'src'}\n{base / 'target'}\n{deps}\n")
+        code = ("import os, sys, tfprobe\nprint(sys.prefix, tfprobe.WHERE)\n"
+                f"print(sorted(os.listdir({clone!r})), sorted(os.listdir('/tmp')), os.path.exists({str(base / 'sibling.txt')!r}))\n"
+                f"try: open({str(base / 'venv/pwned')!r}, 'w')\nexcept OSError as e: print(type(e).__name__)\n"
+                "open('/tmp/run/mine', 'w').write('ok')")
+        script = ("import json, sys\nfrom turnforge.envs.code.sandbox import SandboxPool\n"
+                  "with SandboxPool(1) as pool:\n"
+                  "    print(json.dumps({'isolation': pool.isolation, **pool.run(sys.argv[1]).as_dict()}))")
+        out = subprocess.run([str(base / "venv/bin/python"), "-c", script, code], capture_output=True, text=True,
+                             timeout=120, cwd="/")
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["isolation"] == "namespaces" and result["exit_code"] == 0, result
+        prefix, listing, write = result["stdout"].splitlines()
+        assert prefix == f"{base / 'venv'} target"
+        assert listing == f"['src', 'target', 'venv'] {sorted(['run', base.name])} False"
+        assert write in ("PermissionError", "OSError")  # (read-only mount, or a root-owned dir: either refuses)
+        assert not (base / "venv/pwned").exists()

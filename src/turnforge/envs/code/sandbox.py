@@ -11,8 +11,9 @@ millisecond, not an interpreter start, and nothing of one call is visible to the
 
 - `namespaces` isolation (root and `unshare` available — the Docker/CI case): each worker lives in its own
   network namespace (no interface but a downed loopback: no connection anywhere, 127.0.0.1 included) and
-  mount namespace (fresh tmpfs over /tmp, /var/tmp, /dev/shm, /run/lock, wiped after every call; every other
-  mount read-only; /root and /home replaced by empty tmpfs but for the interpreter); each call runs as
+  mount namespace (fresh tmpfs over /tmp, /var/tmp, /dev/shm, /run/lock, wiped after every call; /root and
+  /home replaced by empty tmpfs; the interpreter's own directories bound back wherever they lie; every mount
+  but the private tmpfs read-only); each call runs as
   the worker's own unprivileged uid (so RLIMIT_NPROC counts only that call's processes, the host's files
   readable only by root — /etc/shadow, /proc/<pid>/environ of other processes — stay closed, and the
   parent cannot be signalled), and every process of that uid is killed when the call ends.
@@ -42,9 +43,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from functools import cache
-
-# The world-writable dirs that namespaces isolation covers with a private tmpfs (the worker's own constant).
-from turnforge.envs.code.sandbox_worker import PRIVATE_DIRS
 
 # Run as a file, not `-m turnforge...`: importing the package (envs, policies, asyncio) would double the
 # worker's memory, and every call's fork and exit copy and free its page tables (~1 ms at 24 MB, ~0.35 at 10).
@@ -97,19 +95,6 @@ class RunResult:
         return asdict(self)
 
 
-def _check_interpreter_outside(private_dirs: tuple[str, ...]) -> None:
-    """The worker starts its forker with this interpreter after covering `private_dirs` with empty tmpfs: an
-    interpreter (a virtual environment) inside one would be gone by then (ValueError, saying what to do)."""
-    for path in (sys.executable, sys.prefix):
-        hidden = [d for d in private_dirs if path == d or path.startswith(d + "/")]
-        if hidden:
-            raise ValueError(
-                f"namespaces isolation covers {hidden[0]} with a private tmpfs, which hides this interpreter "
-                f"({path}); put the virtual environment outside {', '.join(private_dirs)}, or use "
-                "SandboxPool(isolation='rlimits') (weaker: docs/security.md)"
-            )
-
-
 @cache
 def isolation_mode() -> str:
     """`namespaces` where a root process can `unshare` network and mount namespaces, else `rlimits`."""
@@ -141,14 +126,16 @@ class _Worker:
         if mode == "namespaces":
             command = ["unshare", "--net", "--mount", "--propagation", "private", "--", *command]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONDONTWRITEBYTECODE": "1"}
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
+        errors = os.path.join(self.scratch, "worker.err")  # (the worker writes there only when it fails)
+        with open(errors, "wb") as err:
+            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                         env=env, start_new_session=True, text=True)
         hello = self._read_line(time.monotonic() + START_TIMEOUT_S)
         self.hello = json.loads(hello) if hello else {}
-        if not self.hello.get("ready"):
+        if not self.hello.get("ready"):  # (its stdout ended: it has exited, all it wrote is there)
+            why = _last_line(errors) or f"no answer within {START_TIMEOUT_S:g} s"
             self.kill()
-            raise RuntimeError(f"a sandbox worker did not start; run `{sys.executable} {WORKER_SCRIPT} CONFIG` "
-                               "by hand to see why")
+            raise RuntimeError(f"a sandbox worker did not start ({mode} isolation): {why} (docs/security.md)")
 
     def run(self, code: str, stdin: str, timeout: float) -> RunResult | None:
         """The call's result, or None when the worker died or stopped answering (then it is killed)."""
@@ -194,6 +181,13 @@ class _Worker:
         self.kill()
 
 
+def _last_line(path: str) -> str:
+    """The last line a failed worker wrote (its error: the end of a traceback, or the interpreter's complaint)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1] if lines else ""
+
+
 # As the slot uid: all its processes (a few rounds: kill(-1) still counts zombies that init has to reap).
 _KILL_ALL = "for i in 1 2 3 4 5 6 7 8 9 10; do kill -9 -1 2>/dev/null || exit 0; sleep 0.02; done"
 
@@ -211,8 +205,6 @@ class SandboxPool:
             raise ValueError("namespaces isolation needs root and a working `unshare --net --mount` (docs/security.md)")
         self.limits = limits or SandboxLimits()
         self.isolation = isolation or isolation_mode()
-        if self.isolation == "namespaces":
-            _check_interpreter_outside(PRIVATE_DIRS)
         self.size = size
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._closed = False
@@ -220,6 +212,13 @@ class SandboxPool:
         self._workers: list[_Worker] = []
         for _ in range(size):
             self._add_worker()
+
+    @property
+    def bound_dirs(self) -> list[str]:
+        """The host directories under /tmp, /root, /home, ... that the sandbox binds back, read-only, for its
+        interpreter (its prefixes, sys.path, the worker's files): all a call sees of them (namespaces mode)."""
+        with self._lock:
+            return self._workers[0].hello["bound_dirs"] if self._workers else []
 
     def _add_worker(self) -> None:
         worker = _Worker(self.limits, self.isolation)

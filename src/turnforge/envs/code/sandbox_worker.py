@@ -45,21 +45,8 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _private_tmpfs(size_mb: int) -> bool:
-    """Mount fresh tmpfs over the world-writable dirs (in this worker's own mount namespace only)."""
-    libc = _libc()
-    ok = True
-    for path in PRIVATE_DIRS:
-        if not os.path.isdir(path):
-            continue
-        opts = f"size={size_mb}m,mode=1777".encode()
-        if libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0, opts) != 0:
-            ok = False
-    return ok
-
-
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 32, 4096, 8192, 16384
-HOMES = ("/root", "/home")
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
+HOMES = ("/root", "/home")  # covered by empty tmpfs: no keys, tokens, shell history
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -70,29 +57,59 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
 
 
-def _hide_homes() -> None:
-    """Cover the home directories with empty tmpfs (no keys, tokens, history), keeping the interpreter's files.
+def interpreter_dirs() -> list[str]:
+    """The directories this interpreter needs: its prefixes and executable, every sys.path directory
+    (site-packages, what .pth files add, such as an editable install's src/) and this file's own.
 
-    A pyenv or conda Python often lives under /root, which the call's uid cannot enter: each such directory
-    the interpreter needs (its prefix and sys.path entries) is bind-mounted aside first, then moved back to
-    the same path inside the empty tmpfs, so that only it is visible there.
+    Started by the pool without PYTHONPATH, the worker has the sys.path of the forker and of every call's child.
+    Each path is kept as written and resolved (a venv's python is a link into the base interpreter's prefix).
     """
-    homes = [h for h in HOMES if os.path.isdir(h)]
-    needed = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, *sys.path) if p and os.path.isdir(p)})
-    needed = [p for p in needed if any(p == h or p.startswith(h + "/") for h in homes)]
-    needed = [p for p in needed if not any(p != q and p.startswith(q + "/") for q in needed)]
-    stages = []
-    for i, path in enumerate(needed):
-        stage = f"/tmp/.stage{i}"
-        os.makedirs(stage)
-        _mount(path, stage, None, MS_BIND | MS_REC)
-        stages.append((stage, path))
-    for home in homes:
-        _mount("tmpfs", home, "tmpfs", 0, "size=1m,mode=0755")
-    for stage, path in stages:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        _mount(stage, path, None, MS_MOVE)
-        os.rmdir(stage)
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable),
+             os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(os.path.abspath(__file__)), *sys.path}
+    found = set()
+    for path in filter(None, paths):
+        path = os.path.abspath(path)
+        if os.path.isfile(path):  # a zip archive on sys.path
+            path = os.path.dirname(path)
+        if os.path.isdir(path):
+            found |= {path, os.path.realpath(path)}
+    return sorted(found)
+
+
+def _private_view(tmpfs_mb: int) -> list[str]:
+    """This mount namespace's view of the file system, as bubblewrap or nsjail build one: fresh tmpfs over the
+    world-writable dirs (PRIVATE_DIRS) and empty tmpfs over the homes, then every interpreter directory that
+    lay under them bound back (read-only once `_read_only_elsewhere` has run). Returns those directories.
+
+    Each is opened before the tmpfs hides it and bound from its descriptor (/proc/self/fd/N still names the
+    host's directory). A covered dir itself is never bound back: that would show all of it.
+    """
+    covered = [d for d in (*PRIVATE_DIRS, *HOMES) if os.path.isdir(d)]
+    hidden = [p for p in interpreter_dirs() if any(p.startswith(d + "/") for d in covered)]
+    bound = [p for p in hidden if not any(p.startswith(q + "/") for q in hidden)]  # (outermost: binds are recursive)
+    fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in bound]
+    try:
+        for path in covered:
+            options = f"size={tmpfs_mb}m,mode=1777" if path in PRIVATE_DIRS else "size=1m,mode=0755"
+            _mount("tmpfs", path, "tmpfs", 0, options)
+        for path, fd in zip(bound, fds, strict=True):
+            _make_mount_point(path)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    finally:
+        _close_all(fds)
+    return bound
+
+
+def _make_mount_point(path: str) -> None:
+    """The missing directories of `path` in the fresh tmpfs: root's, mode 0755 whatever the umask (a call's uid
+    passes through them, and can write nothing there)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        os.mkdir(directory)
+        os.chmod(directory, 0o755)
 
 
 def _read_only_elsewhere() -> list[str]:
@@ -278,6 +295,8 @@ def _clear_private_dirs(cfg: dict) -> None:
     for base in cfg["private_dirs"]:
         for name in os.listdir(base):
             path = os.path.join(base, name)
+            if path in cfg["kept"]:
+                continue
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -316,24 +335,26 @@ def serve(cfg: dict) -> None:
     """The worker's loop: one JSON request per stdin line, one JSON result per stdout line."""
     with open(FORKER_SCRIPT, encoding="utf-8") as f:
         forker_source = f.read()
-    if cfg["private_tmp"]:
-        cfg["private_tmp"] = _private_tmpfs(cfg["tmpfs_mb"])
-        if cfg["private_tmp"]:
-            _hide_homes()
-            cfg["writable_mounts"] = _read_only_elsewhere()
+    cfg["bound_dirs"] = []
+    if cfg["private_tmp"]:  # (a mount that fails ends the worker: the pool says why, nothing runs unisolated)
+        cfg["bound_dirs"] = _private_view(cfg["tmpfs_mb"])
+        cfg["writable_mounts"] = _read_only_elsewhere()
     # Without a mount namespace of our own, runs live in a scratch dir the pool made for this worker.
     cfg["run_root"] = "/tmp" if cfg["private_tmp"] else cfg["scratch_dir"]
     os.chdir("/")
     # What every child inherits, set once here: only SAFE_ENV and the run's directory as HOME and TMPDIR.
     cfg["workdir"] = os.path.join(cfg["run_root"], "run")
     cfg["private_dirs"] = [path for path in PRIVATE_DIRS if os.path.isdir(path)]
+    # What leads to a bound dir stays between calls (made by root, mode 0755: a call can add nothing there).
+    cfg["kept"] = {"/".join(path.split("/")[:3]) for path in cfg["bound_dirs"]}
     os.environ.clear()
     os.environ.update(SAFE_ENV, HOME=cfg["workdir"], TMPDIR=cfg["workdir"])
     cfg["forker"], forker = _start_forker(cfg, forker_source)
     ready = _Ready(cfg["forker"], _receive(cfg["forker"])[1])
     prepare(cfg)
     prepared = True
-    hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts")}
+    hello = {"ready": True, "private_tmp": cfg["private_tmp"], "writable_mounts": cfg.get("writable_mounts"),
+             "bound_dirs": cfg["bound_dirs"]}
     print(json.dumps(hello), flush=True)
     for line in sys.stdin.buffer:
         request = json.loads(line)
