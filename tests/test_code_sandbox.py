@@ -214,7 +214,29 @@ def test_cli_runs_every_file_and_prints_json_lines(tmp_path):
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["file"] for r in rows] == [str(good), str(bad)]
     assert rows[0]["stdout"] == "a\n" and rows[1]["timed_out"]
-    assert set(rows[0]) == {"file", "stdout", "stderr", "exit_code", "timed_out", "killed", "truncated", "wall_s"}
+    assert {r["isolation"] for r in rows} == {isolation_mode()}
+    assert set(rows[0]) == {"file", "isolation", "stdout", "stderr", "exit_code", "timed_out", "killed", "truncated",
+                            "wall_s"}
+
+
+def test_cli_errors_are_one_line(tmp_path, monkeypatch):
+    """A missing file, a directory, a worker that cannot start: `error: ...` on one line, never a traceback."""
+    from typer.testing import CliRunner
+
+    from turnforge.cli import app
+    from turnforge.envs.code import sandbox
+
+    good = tmp_path / "a.py"
+    good.write_text("print(1)")
+    runner = CliRunner()
+    for args, says in [([str(tmp_path / "nope.py")], "no such file"), ([str(tmp_path)], "not a file")]:
+        result = runner.invoke(app, ["sandbox", "run", *args])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.startswith("error: ") and says in result.stderr and result.stderr.count("\n") == 1
+    monkeypatch.setattr(sandbox, "WORKER_SCRIPT", str(tmp_path / "gone/sandbox_worker.py"))  # a broken install
+    result = runner.invoke(app, ["sandbox", "run", str(good)])
+    assert result.exit_code == 1 and result.stdout == "" and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith("error: a sandbox worker did not start") and "gone/sandbox_worker.py" in result.stderr
 
 
 def test_rlimits_fallback_still_bounds_time_memory_files_output_and_python_sockets():

@@ -17,16 +17,32 @@ def run(
     timeout: Annotated[float, typer.Option(help="wall-clock seconds per file (also caps its CPU time)", min=0.1)] = 10.0,
     memory_mb: Annotated[int, typer.Option(help="address space per process, MiB", min=64)] = 1024,
 ) -> None:
-    """Run each FILE through one worker pool; print one JSON object per file (stdout, stderr, exit_code, ...)."""
+    """Run each FILE through one worker pool; print one JSON object per file (isolation, stdout, stderr, exit_code,
+    ...). `isolation` is the mode that ran: namespaces, or rlimits where the host allows no more (docs/security.md)."""
     from turnforge.envs.code.sandbox import SandboxLimits, SandboxPool
 
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        typer.echo(f"error: no such file: {', '.join(missing)}", err=True)
-        raise typer.Exit(2)
+    programs = [(str(path), _read(path)) for path in files]  # (all read first: a bad file stops before any run)
     limits = SandboxLimits(timeout_s=timeout, cpu_s=timeout, memory_mb=memory_mb)
-    with SandboxPool(size=1, limits=limits) as pool:
-        for path in files:
-            code = path.read_text(encoding="utf-8", errors="replace")
-            result = pool.run(code)
-            typer.echo(json.dumps({"file": str(path), **result.as_dict()}), nl=True)
+    try:
+        with SandboxPool(size=1, limits=limits) as pool:
+            for name, code in programs:
+                result = pool.run(code)
+                typer.echo(json.dumps({"file": name, "isolation": pool.isolation, **result.as_dict()}))
+    except RuntimeError as e:  # a worker that cannot start (or be replaced): its own reason, on one line
+        _fail(str(e), 1)
+
+
+def _read(path: Path) -> str:
+    if not path.exists():
+        _fail(f"no such file: {path}", 2)
+    if not path.is_file():
+        _fail(f"not a file: {path} (give Python files)", 2)
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        _fail(f"cannot read {path}: {e.strerror or e}", 2)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
