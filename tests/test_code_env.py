@@ -9,6 +9,7 @@ import pytest
 
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.code.checking import check_math, last_boxed, strict_match
+from turnforge.envs.code.sandbox import isolation_mode
 from turnforge.envs.code.tool import code_to_run
 from turnforge.formats.base import FormatError
 from turnforge.types import Message, StopReason, ToolCall
@@ -167,3 +168,6 @@ def test_replay_file_gives_the_expected_verdicts_and_metrics(tmp_path):
     metrics = summary["env_metrics"]
     assert metrics["all"]["avg@k"] == 0.5 and metrics["math"]["tool_calls_per_episode"] == 1.0
     assert metrics["math"]["tool_errors_per_episode"] == 0.5 and metrics["code"]["pass@k"] == {"1": 0.5}
+    # which sandbox isolation ran (docs/security.md): namespaces, or the weaker rlimits where the host allows no more
+    assert {e["score"]["details"]["sandbox_isolation"] for e in episodes} == {isolation_mode()}
+    assert metrics["all"]["sandbox_isolation"] == isolation_mode()

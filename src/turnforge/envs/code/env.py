@@ -10,7 +10,7 @@ episode ends unanswered. A malformed call, an unknown tool or a missing `code` a
 Score: math — success when the last `\\boxed{}` is right (checking.py); reward ±1 is the recipe's
 `signed_outcome`. Code — the fraction of tests the final program passes (`progress` and `reward`),
 success when all pass (`binary=true`: progress 1 or 0). details: tool calls, sandbox timeouts and errors,
-format errors, the verdict's reasons.
+format errors, the sandbox's isolation mode (docs/security.md), the verdict's reasons.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ class CodeEnv:
         return Score(success=success, reward=progress, progress=progress, details={
             "category": self.task.category, "turns": self.turns, "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors, "sandbox_timeouts": self.sandbox_timeouts,
-            "format_errors": self.format_errors, **{k: v for k, v in self.verdict.items() if k != "success"},
+            "format_errors": self.format_errors, "sandbox_isolation": self.pool.isolation,
+            **{k: v for k, v in self.verdict.items() if k != "success"},
         })
 
     # ---- expert --------------------------------------------------------------------------------------

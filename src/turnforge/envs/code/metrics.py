@@ -1,6 +1,7 @@
 """summary.json `env_metrics` of the code env: per category and overall, avg@k (mean success over all
 samples, the DemyAgent / AIME convention), pass@k for k = 1..samples (unbiased, Codex), tool calls,
-tool errors and sandbox timeouts per episode."""
+tool errors and sandbox timeouts per episode, and the sandbox isolation the episodes ran under (docs/security.md:
+`namespaces`, or the weaker `rlimits`; both, comma-separated, if a resumed run mixed them)."""
 
 from __future__ import annotations
 
@@ -33,4 +34,5 @@ def _group(episodes: list[Trajectory]) -> dict:
         "tool_calls_per_episode": sum(d.get("tool_calls", 0) for d in details) / n,
         "tool_errors_per_episode": sum(d.get("tool_errors", 0) for d in details) / n,
         "sandbox_timeouts_per_episode": sum(d.get("sandbox_timeouts", 0) for d in details) / n,
+        "sandbox_isolation": ", ".join(sorted({d["sandbox_isolation"] for d in details if "sandbox_isolation" in d})),
     }
