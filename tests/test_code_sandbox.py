@@ -120,6 +120,16 @@ def test_homes_show_only_what_the_sandbox_binds_for_its_interpreter(pool):
     assert pool.run(code).stdout == f"[] {expected_root if os.path.isdir('/root') else None}\n"
 
 
+def test_what_leads_to_a_bound_dir_stays_when_the_private_dirs_are_emptied():
+    """The entry of each private dir above a bound interpreter dir is kept (else emptying /var/tmp after every
+    call would walk a venv there, failing on its read-only files); nothing else is."""
+    from turnforge.envs.code.sandbox_worker import kept_entries
+
+    bound = ["/tmp/clone/.venv", "/tmp/clone/src", "/var/tmp/a/b/venv", "/dev/shm/x", "/root/.pyenv/versions/3.11.7"]
+    assert kept_entries(bound, ["/tmp", "/var/tmp", "/dev/shm"]) == {"/tmp/clone", "/var/tmp/a", "/dev/shm/x"}
+    assert kept_entries(["/tmpfoo/venv"], ["/tmp"]) == set()
+
+
 def test_files_of_other_calls_are_gone(pool):
     pool.run("open('mine.txt', 'w').write('secret')")
     r = pool.run("import os, glob\nprint(os.listdir('.'), glob.glob('/tmp/**/mine.txt', recursive=True))")

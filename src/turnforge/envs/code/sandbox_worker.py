@@ -285,6 +285,17 @@ def _watch(ready: _Ready, deadline: float, cfg: dict) -> dict:
     }
 
 
+def kept_entries(bound_dirs: list[str], private_dirs: list[str]) -> set[str]:
+    """The entries of the private dirs that lead to a bound dir: they stay when the dirs are emptied after a call
+    (made by root, mode 0755: a call can add nothing there).
+
+    >>> sorted(kept_entries(["/tmp/clone/.venv", "/var/tmp/a/b", "/root/.pyenv"], ["/tmp", "/var/tmp"]))
+    ['/tmp/clone', '/var/tmp/a']
+    """
+    return {os.path.join(base, path[len(base) + 1:].split("/")[0])
+            for path in bound_dirs for base in private_dirs if path.startswith(base + "/")}
+
+
 def _clear_private_dirs(cfg: dict) -> None:
     with contextlib.suppress(OSError):  # the usual leftovers, without rmtree's walk
         os.unlink(os.path.join(cfg["workdir"], "main.py"))
@@ -345,8 +356,7 @@ def serve(cfg: dict) -> None:
     # What every child inherits, set once here: only SAFE_ENV and the run's directory as HOME and TMPDIR.
     cfg["workdir"] = os.path.join(cfg["run_root"], "run")
     cfg["private_dirs"] = [path for path in PRIVATE_DIRS if os.path.isdir(path)]
-    # What leads to a bound dir stays between calls (made by root, mode 0755: a call can add nothing there).
-    cfg["kept"] = {"/".join(path.split("/")[:3]) for path in cfg["bound_dirs"]}
+    cfg["kept"] = kept_entries(cfg["bound_dirs"], cfg["private_dirs"])
     os.environ.clear()
     os.environ.update(SAFE_ENV, HOME=cfg["workdir"], TMPDIR=cfg["workdir"])
     cfg["forker"], forker = _start_forker(cfg, forker_source)
