@@ -307,7 +307,8 @@ def test_a_pool_started_from_a_venv_under_tmp_works_and_sees_nothing_else_there(
                 "open('/tmp/run/mine', 'w').write('ok')")
         script = ("import json, sys\nfrom turnforge.envs.code.sandbox import SandboxPool\n"
                   "with SandboxPool(1) as pool:\n"
-                  "    print(json.dumps({'isolation': pool.isolation, **pool.run(sys.argv[1]).as_dict()}))")
+                  "    print(json.dumps({'isolation': pool.isolation, 'bound': pool.bound_dirs,\n"
+                  "                      **pool.run(sys.argv[1]).as_dict()}))")
         out = subprocess.run([str(base / "venv/bin/python"), "-c", script, code], capture_output=True, text=True,
                              timeout=120, cwd="/")
         assert out.returncode == 0, out.stderr
@@ -315,6 +316,9 @@ def test_a_pool_started_from_a_venv_under_tmp_works_and_sees_nothing_else_there(
         assert result["isolation"] == "namespaces" and result["exit_code"] == 0, result
         prefix, listing, write = result["stdout"].splitlines()
         assert prefix == f"{base / 'venv'} target"
-        assert listing == f"['src', 'target', 'venv'] {sorted(['run', base.name])} False"
+        # (this test's own venv shows too where it lies under /tmp: a clone there runs this test)
+        shown_in_tmp = sorted({"run", *(b.split("/")[2] for b in result["bound"] if b.startswith("/tmp/"))})
+        assert base.name in shown_in_tmp
+        assert listing == f"['src', 'target', 'venv'] {shown_in_tmp} False"
         assert write in ("PermissionError", "OSError")  # (read-only mount, or a root-owned dir: either refuses)
         assert not (base / "venv/pwned").exists()
