@@ -25,8 +25,9 @@ def pool(monkeypatch):
     pool.close()
 
 
-def _call(pool: ChildPool, method: str, cpu_s: float = 5.0, wall_s: float = 60.0, memory_bytes: int = MEMORY_BYTES,
+def _call(pool: ChildPool, method: str, cpu_s: float = 5.0, wall_s: float = 600.0, memory_bytes: int = MEMORY_BYTES,
           **arguments):
+    """A wall clock far beyond any load unless a test asks for a short one (a test must not depend on load)."""
     return pool.call(("isolation_targets", "Targets", method, arguments, cpu_s, memory_bytes), wall_s)
 
 

@@ -97,14 +97,14 @@ class _Child:
         try:
             _send(self.proc.stdin, request)
             reply = _receive(self.proc.stdout, time.monotonic() + wall_s)
-        except (BrokenPipeError, EOFError, OSError):
+        except (BrokenPipeError, EOFError, OSError):  # the child ended: wait for its status (SIGXCPU or else)
             self.close()
             if self.proc.returncode == -signal.SIGXCPU:  # the child's own CPU limit: the call's cost
                 return IsolatedResult(over_budget="cpu")
             raise CheckerUnavailable(f"the {what} checker process ended without an answer (exit status "
                                      f"{self.proc.returncode}): no verdict") from None
         if reply is None:
-            self.close()
+            self.close(kill=True)
             raise CheckerUnavailable(f"the {what} checker gave no answer within {wall_s:g} s (hung, or the machine "
                                      "is overloaded): no verdict; re-run the same command to redo this episode")
         kind, payload = reply
@@ -112,17 +112,19 @@ class _Child:
             return IsolatedResult(value=payload)
         return IsolatedResult(over_budget="memory") if kind == "memory" else IsolatedResult(error=payload)
 
-    def close(self) -> None:
-        """End the child (it exits on its own at end of input; killed if it does not) and close its pipes."""
-        if self.proc.poll() is None:
+    def close(self, kill: bool = False) -> None:
+        """End the child and close its pipes: an idle child exits at the end of its input (killed if it does not
+        within a second); a hung one (`kill`) is killed at once."""
+        if kill and self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(OSError):  # a write cut short by the child's end leaves bytes to flush
             self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            stream.close()
+        try:
+            self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
 
 
 class ChildPool:
