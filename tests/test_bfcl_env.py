@@ -218,3 +218,22 @@ def test_a_runaway_math_call_ends_its_episode_with_timeout_and_not_the_run():
     env.reset(task)
     out = env.step(_calls(("add", {"a": 2, "b": 3})))
     assert json.loads(out.messages[0].content) == {"result": 5} and not out.done
+
+
+def test_a_math_call_whose_checker_gives_no_answer_is_an_env_error_not_a_timeout(monkeypatch):
+    """Issue 40: the MathAPI child's limit was wall-clock time, so a loaded machine ended episodes with
+    StopReason.timeout, a score. The budget is now CPU time (the model's runaway, as above); a child that gave no
+    answer within the pool's wall clock raises CheckerUnavailable out of step, which the rollout records as the
+    episode's env error."""
+    from turnforge.envs.bfcl import execution
+    from turnforge.envs.isolation import CheckerUnavailable
+
+    def no_answer(*_args, **_kwargs):
+        raise CheckerUnavailable("the MathAPI.add checker gave no answer within 120 s: no verdict")
+
+    task = next(t for t in load_tasks("bfcl", "test", category="all") if "MathAPI" in t.data["involved_classes"])
+    env = make_env("bfcl")
+    env.reset(task)
+    monkeypatch.setattr(execution, "call_isolated", no_answer)
+    with pytest.raises(CheckerUnavailable, match="no verdict"):
+        env.step(_calls(("add", {"a": 2, "b": 3})))

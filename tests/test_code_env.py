@@ -171,3 +171,54 @@ def test_replay_file_gives_the_expected_verdicts_and_metrics(tmp_path):
     # which sandbox isolation ran (docs/security.md): namespaces, or the weaker rlimits where the host allows no more
     assert {e["score"]["details"]["sandbox_isolation"] for e in episodes} == {isolation_mode()}
     assert metrics["all"]["sandbox_isolation"] == isolation_mode()
+
+
+def test_math_verdicts_do_not_depend_on_a_busy_machine():
+    """Issue 40: each check started its own math-verify child under a 10 s wall clock; with many checks at once
+    on busy cores, correct answers were graded wrong ("math-verify ran past 10 s"). Now the checks share warm
+    children and are bounded by CPU time only: 2 cores kept busy change no verdict."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(24) as pool:
+            verdicts = list(pool.map(lambda k: check_math(f"so \\boxed{{\\frac{{{k}}}{{2}}}}", f"{k / 2:g}", "math_verify"),
+                                     range(1, 25)))
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert verdicts == [(True, None)] * 24
+
+
+def test_a_math_check_that_gives_no_verdict_is_an_env_error_redone_on_resume(tmp_path, monkeypatch):
+    """Issue 40: a grader that hung, starved or crashed used to grade the answer wrong. Now the episode ends
+    as an env error: the command fails naming it, and the same command redoes only those episodes."""
+    from turnforge.envs.code import checking
+    from turnforge.envs.isolation import CheckerUnavailable
+    from turnforge.eval.runner import EnvErrors, run_eval
+
+    def no_answer(*_args, **_kwargs):
+        raise CheckerUnavailable("the MathVerifier.verify checker gave no answer within 120 s: no verdict")
+
+    monkeypatch.setattr(checking, "call_isolated", no_answer)
+    options = {"generate": 4}
+    with pytest.raises(EnvErrors, match="2 of 4 episodes ended in an env error.*gave no answer within 120 s"):
+        run_eval("code", options, "expert", "test", None, 1, 0, tmp_path)
+    episodes = [json.loads(x) for x in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(e["stop_reason"] for e in episodes) == ["env_error", "env_error", "success", "success"]
+    monkeypatch.undo()
+    summary = run_eval("code", options, "expert", "test", None, 1, 0, tmp_path)
+    assert summary["success"] == 1.0 and summary["stop_reasons"] == {"success": 4}
+
+
+def test_a_math_check_past_its_cpu_budget_is_a_wrong_answer(monkeypatch):
+    """Too expensive to check is a property of the reply (the same on any machine), so it stays a verdict."""
+    from turnforge.envs.code import checking
+    from turnforge.envs.isolation import IsolatedResult
+
+    monkeypatch.setattr(checking, "call_isolated", lambda *a, **k: IsolatedResult(over_budget="cpu"))
+    assert check_math("\\boxed{9^{9^{9^{9}}}}", "2", "math_verify") == (
+        False, "math-verify needed more than 10 CPU s for this answer (too expensive to check)")

@@ -17,7 +17,7 @@ from turnforge.envs.service.env import GREETING, agent_system_prompt
 from turnforge.envs.service.evaluation import evaluate
 from turnforge.policies import make_policy
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.types import Message, ToolCall
+from turnforge.types import Message, StopReason, ToolCall
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
 needs_tau2 = pytest.mark.skipif(not (TAU2 / "airline" / "db.json").is_file(), reason="../shared/data/tau2 absent")
@@ -244,6 +244,8 @@ class _Judge:
     ("I cannot grade this.", None),
 ])
 def test_nl_assertions_go_to_the_judge_role(reply, expected):
+    """An unreadable judge reply is no verdict: the episode is an env error (issue 40; it used to be scored
+    without its NL_ASSERTION component)."""
     from turnforge.policies.base import SamplingParams
     from turnforge.policies.queue import Role
 
@@ -253,8 +255,12 @@ def test_nl_assertions_go_to_the_judge_role(reply, expected):
     judge = _Judge(reply)
     [traj] = run_episodes(make_policy("expert"), lambda: make_env("service", **opts), [task], 1,
                           roles={"judge": Role(judge, SamplingParams(temperature=0.0))})
-    assert traj.score.details["reward_breakdown"]["NL_ASSERTION"] == expected
-    assert traj.score.details["nl_assertion_evaluated"] is (expected is not None)
+    if expected is None:
+        assert traj.stop_reason is StopReason.env_error
+        assert "the NL-assertion judge's reply is not the JSON asked for" in traj.score.details["error"]
+    else:
+        assert traj.score.details["reward_breakdown"]["NL_ASSERTION"] == expected
+        assert traj.score.details["nl_assertion_evaluated"]
     system, user = judge.prompts[0].messages
     assert "expected outcomes" in system.content and "expectedOutcomes:" in user.content
     assert "assistant: Hi! How can I help you today?" in user.content

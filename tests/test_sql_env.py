@@ -245,6 +245,38 @@ def test_runaway_query_is_interrupted_and_attach_refused():
     assert big.ok and not big.complete and big.observation().endswith("[TRUNCATED]")
 
 
+def test_a_wall_clock_stall_interrupts_no_statement(monkeypatch):
+    """Issue 40: the SQLite limit was wall-clock time, so a loaded machine (here: the wall clock jumping 1000 s
+    while the statement runs) interrupted statements that cost milliseconds. It is now the statement's CPU time."""
+    import itertools
+    import time
+
+    db = SQLiteBackend(timeout=0.3)
+    db.create(Table.from_dict(TABLE))
+    clock = itertools.count(step=1000)  # each reading of the wall clock 1000 s after the last
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    query = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 20000) SELECT COUNT(*) FROM n"
+    assert db.execute(query).rows == [(20000,)]
+
+
+def test_the_verdicts_table_hash_timing_out_is_no_verdict(monkeypatch):
+    """Issue 40: a table hash past its limit came back as the error text, compared to the answer's md5: a failed
+    verdict. It now raises CheckerUnavailable (the episode's env error)."""
+    import itertools
+    import time
+
+    from turnforge.envs.isolation import CheckerUnavailable
+
+    db = SQLiteBackend(timeout=0.3)
+    table = Table.from_dict({**TABLE, "rows": [[f"team {i}", str(i)] for i in range(5000)]})
+    db.create(table)
+    clock = itertools.count(step=1000)  # each reading 1000 s after the last: the budget is spent at once
+    monkeypatch.setattr(time, "thread_time", lambda: next(clock))
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))  # (the same, for the wall-clock limit before the fix)
+    with pytest.raises(CheckerUnavailable, match="reading table Teams for the verdict ran past its 0.3 CPU s"):
+        db.table_hash(table)
+
+
 def test_memory_hungry_query_fails_as_an_observation():
     """A statement that would hold ~2 GB in SQLite's heap stops at the heap cap (and never spills to files)."""
     db = SQLiteBackend(timeout=30)

@@ -61,8 +61,9 @@ SPEC = register_env(
             EnvOption("max_steps_per_turn", int, 20, "steps with calls per user turn; one more force-quits (BFCL: 20)", at_least=1),
             EnvOption("version", str, PINNED_VERSION, "bfcl-eval release the data must come from, or 'installed'"),
             EnvOption("split_seed", int, 0, "seed of the train/heldout halves of each category"),
-            EnvOption("call_timeout", float, 5.0, "seconds a MathAPI call may run (in a child process capped at "
-                      "1 GiB); past it the episode ends with stop reason timeout", at_least=0.1),
+            EnvOption("call_timeout", float, 5.0, "CPU seconds a MathAPI call may use (in a checker child capped at "
+                      "1 GiB; RLIMIT_CPU counts whole seconds); past it the episode ends with stop reason "
+                      "timeout, on an idle or a loaded machine alike", at_least=0.1),
         ],
     )
 )

@@ -31,8 +31,8 @@ from turnforge.envs.bfcl.execution import (
     parse_call_string,
 )
 from turnforge.envs.bfcl.hints import hint_for
-from turnforge.envs.bfcl.isolation import TIMEOUT_S
 from turnforge.envs.bfcl.tools import docs_by_class, entry_docs, tool_schema
+from turnforge.envs.isolation import CPU_S
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
 from turnforge.formats.bfcl_python import call_string
@@ -73,7 +73,7 @@ class BfclEnv:
         hints: bool = False,
         max_steps_per_turn: int = MAXIMUM_STEP_LIMIT,
         version: str = PINNED_VERSION,
-        call_timeout: float = TIMEOUT_S,
+        call_timeout: float = CPU_S,
         **_task_options: Any,
     ):
         self.format = _env_format(format)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from turnforge.envs.bfcl.isolation import TIMEOUT_S, call_isolated
+from turnforge.envs.isolation import CPU_S, call_isolated
 from turnforge.types import ToolCall
 
 _MODULE_PREFIX = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code."
@@ -98,9 +98,12 @@ def result_string(value: Any) -> str:
     return str(value)
 
 
-def execute(call: ToolCall, methods: dict[str, Callable[..., Any]], timeout_s: float = TIMEOUT_S) -> CallOutcome:
-    """Run one call; never raises (BFCL turns every exception into an error string). Calls of stateless classes
-    run isolated (`isolation.py`), at most `timeout_s` seconds."""
+def execute(call: ToolCall, methods: dict[str, Callable[..., Any]], timeout_s: float = CPU_S) -> CallOutcome:
+    """Run one call; BFCL turns every exception of the call into an error string. Calls of stateless classes
+    run isolated (`turnforge.envs.isolation`) with `timeout_s` seconds of CPU time: past it the call is the
+    model's runaway (`power(10, 10**12)`), the same on an idle or a loaded machine, and comes back `timed_out`.
+    A checker child that gave no answer (hung or starved past its wall clock, crashed) is no outcome at all:
+    CheckerUnavailable propagates, and the episode ends as an env error."""
     method = methods.get(call.name)
     if method is None or call.name in REFUSED_NAMES:
         # What BFCL's eval answers for a name that is no method of an involved class.
@@ -108,12 +111,13 @@ def execute(call: ToolCall, methods: dict[str, Callable[..., Any]], timeout_s: f
         return CallOutcome(call, f"Error during execution: {message}", message, raised=True)
     owner = type(method.__self__)
     if owner.__name__ in STATELESS_CLASSES:  # model-controlled arithmetic: time- and memory-bounded elsewhere
-        done = call_isolated(owner.__module__, owner.__name__, call.name, call.arguments, timeout_s)
-        if done.timed_out:
-            message = f"the call ran past its {timeout_s:g} s limit"
+        done = call_isolated(owner.__module__, owner.__name__, call.name, call.arguments, cpu_s=timeout_s)
+        if done.over_budget == "cpu":
+            message = f"the call ran past its {timeout_s:g} s limit of CPU time"
             return CallOutcome(call, f"Error during execution: {message}", message, raised=True, timed_out=True)
-        if done.error is not None:
-            return CallOutcome(call, f"Error during execution: {done.error}", done.error, raised=True)
+        error = "the call ran out of memory" if done.over_budget == "memory" else done.error
+        if error is not None:
+            return CallOutcome(call, f"Error during execution: {error}", error, raised=True)
         value = done.value
     else:
         try:

@@ -5,9 +5,13 @@ Math, two modes (`math_verify=` option):
   `\\boxed{...}` in the last 300 characters, compared to the answer as an exact string.
 - `math_verify`: math-verify's `parse`/`verify`, gold first (`livecodebench/code_math.math_verify_reward_function`).
   math-verify times itself out with `signal.alarm`, which raises off the main thread (the rollout runs
-  this env in worker threads): so it runs with its own timeouts off, inside a child process
-  (`turnforge.envs.bfcl.isolation`, the child-process pattern already used for BFCL's MathAPI) under our
-  own timeout; a check past it is a wrong answer, never an error of the run.
+  this env in worker threads): so it runs with its own timeouts off, in the process's shared pool of warm
+  checker children (`turnforge.envs.isolation`, shared with BFCL's MathAPI) under a CPU budget. What is a
+  verdict and what is not (issue 40):
+  - a check past VERIFY_CPU_S of CPU or VERIFY_MEMORY_BYTES is a wrong answer ("too expensive to check"),
+    as math-verify's own timeout is: a cost of the reply (e.g. `\\boxed{9^{9^{9^9}}}`), the same on any machine;
+  - a check that gave no answer (hung or starved past the pool's wall clock, the child died) or raised is no
+    verdict: `CheckerUnavailable` propagates and the episode ends as an env error (redone on resume).
 
 Code (`code_math.compute_score`): the last ```python block of the reply (after any `</think>`), which must
 parse; each test runs in the sandbox; a timeout or a crash fails that test. Styles: stdin/stdout
@@ -23,9 +27,11 @@ import re
 from dataclasses import dataclass, field
 
 from turnforge.envs.code.sandbox import SandboxPool
+from turnforge.envs.isolation import CheckerUnavailable, call_isolated
 
 MATH_MODES = ("math_verify", "strict")
-VERIFY_TIMEOUT_S = 10.0
+VERIFY_CPU_S = 10.0  # CPU seconds per check; a typical one takes ~0.01-0.1
+VERIFY_MEMORY_BYTES = 4 << 30
 _PYTHON_BLOCK = re.compile(r"```python[ \t]*\n(.*?)```", re.S)
 
 
@@ -82,20 +88,19 @@ def math_verify_available() -> bool:
     return True
 
 
-def check_math(reply: str, answer: str, mode: str, timeout_s: float = VERIFY_TIMEOUT_S) -> tuple[bool, str | None]:
-    """(correct, why not) for a final math reply."""
+def check_math(reply: str, answer: str, mode: str) -> tuple[bool, str | None]:
+    """(correct, why not) for a final math reply; raises CheckerUnavailable when math-verify gave no verdict."""
     if last_boxed(reply) is None:
         return False, "no \\boxed{} answer"
     if mode == "strict":
         return strict_match(reply, answer), None
-    from turnforge.envs.bfcl.isolation import call_isolated
-
     result = call_isolated(__name__, "MathVerifier", "verify", {"answer": answer, "reply": reply},
-                           timeout_s=timeout_s, memory_bytes=4 << 30)
-    if result.timed_out:
-        return False, f"math-verify ran past {timeout_s:g} s"
+                           cpu_s=VERIFY_CPU_S, memory_bytes=VERIFY_MEMORY_BYTES)
+    if result.over_budget is not None:
+        limit = f"{VERIFY_CPU_S:g} CPU s" if result.over_budget == "cpu" else f"{VERIFY_MEMORY_BYTES >> 30} GiB"
+        return False, f"math-verify needed more than {limit} for this answer (too expensive to check)"
     if result.error is not None:
-        return False, f"math-verify failed: {result.error}"
+        raise CheckerUnavailable(f"math-verify raised on answer {answer!r}: {result.error}; no verdict")
     return bool(result.value), None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from turnforge.envs.isolation import CheckerUnavailable
 from turnforge.envs.service.domain import Domain, load_domain
 from turnforge.envs.service.evaluation import (
     ENV_ASSERTION,
@@ -261,9 +262,16 @@ class ServiceEnv:
         success = termination in GRADED_ENDINGS and abs(reward - 1.0) < 1e-6
         return Score(success=success, reward=reward, progress=self.progress, details=details)
 
-    def _judge(self, history: list[Message], assertions: list[str]) -> list[bool] | None:
+    def _judge(self, history: list[Message], assertions: list[str]) -> list[bool]:
+        """The judge's verdict per NL assertion. A reply that is not the JSON asked for is no verdict (issue 40):
+        CheckerUnavailable, the episode's env error (tau2's evaluator raises on it too), never a reward computed
+        without the component. A judge backend that fails raises its own BackendError, which stops the run."""
         gen = self.clients["judge"].generate(judge_messages(history, assertions))
-        return read_judge_reply(gen.text, len(assertions))
+        verdicts = read_judge_reply(gen.text, len(assertions))
+        if verdicts is None:
+            raise CheckerUnavailable(f"task {self.spec['id']}: the NL-assertion judge's reply is not the JSON asked "
+                                     f"for ({gen.text[:120]!r}): no verdict; check the judge model (--env-opt judge=)")
+        return verdicts
 
     # ---- scripted policies -------------------------------------------------------------------------------
     def admissible_actions(self) -> list[str]:

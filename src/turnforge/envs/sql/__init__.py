@@ -22,7 +22,8 @@ _EPISODE_OPTIONS = [
     EnvOption("db_url", str, "", "database server (mysql://user:pw@host:port, postgresql://...); "
               "empty = SQLite in memory"),
     EnvOption("max_rounds", int, 15, "SQL statements per episode (AgentBench dbbench.yaml: 15)", at_least=1),
-    EnvOption("timeout", float, 10.0, "statement timeout in seconds", at_least=0.01),
+    EnvOption("timeout", float, 10.0, "statement limit in seconds: CPU time on SQLite, the server's wall-clock "
+              "statement timeout on MariaDB/MySQL/PostgreSQL", at_least=0.01),
     EnvOption("hints", bool, False, "answer an unparsable reply with a correction instead of ending the episode"),
 ]
 

@@ -8,9 +8,12 @@ Isolation: SQLite gets a new in-memory database per episode (ATTACH refused, so 
 MySQL a new database `turnforge_<random>`, PostgreSQL a new schema, both dropped at `close()`. So a
 `DROP TABLE` in one episode is invisible to every other, also to episodes running at the same time.
 
-Timeouts: SQLite interrupts from a progress handler; MariaDB `max_statement_time`, MySQL
-`max_execution_time` (SELECT only) plus KILL QUERY when the client read times out; PostgreSQL
-`statement_timeout`. A timed-out statement is an error observation, like any other SQL error.
+Timeouts: SQLite interrupts from a progress handler after `timeout` seconds of the statement's own CPU time
+(the thread's, so a loaded machine interrupts no statement it would otherwise finish, issue 40); MariaDB
+`max_statement_time`, MySQL `max_execution_time` (SELECT only) plus KILL QUERY when the client read times out;
+PostgreSQL `statement_timeout` (the servers' limits are wall-clock: a loaded server can interrupt). A
+timed-out model statement is an error observation, like any other SQL error. The verdict's own query (the
+table hash) timing out is no verdict: `table_hash` raises CheckerUnavailable (the episode's env error).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
+from turnforge.envs.isolation import CheckerUnavailable
 from turnforge.envs.sql.data import Table
 from turnforge.envs.sql.scoring import mysql_hash_query, table_hash
 
@@ -141,13 +145,14 @@ class SQLiteBackend:
             self.conn.executemany(insert, table_values(table))
         except sqlite3.Error as e:
             return str(e)
-        # Checked every 1000 VM instructions; a non-zero return interrupts the statement.
-        self.conn.set_progress_handler(lambda: int(time.monotonic() > self._deadline), 1000)
+        # Checked every 1000 VM instructions; a non-zero return interrupts the statement. CPU time of this
+        # thread (the one running the statement), not wall time: the budget is the statement's own cost.
+        self.conn.set_progress_handler(lambda: int(time.thread_time() > self._deadline), 1000)
         return None
 
     def execute(self, sql: str) -> QueryResult:
         assert self.conn is not None, "create(table) first"
-        self._deadline = time.monotonic() + self.timeout
+        self._deadline = time.thread_time() + self.timeout
         try:
             cursor = self.conn.execute(sql)
             rows, complete = fetch_for_observation(cursor) if cursor.description else ([], True)
@@ -164,14 +169,18 @@ class SQLiteBackend:
 
     def table_rows(self, table: Table) -> list[tuple] | str:
         """All rows of the task table (its original columns), or the error text (e.g. the table was dropped)."""
-        self._deadline = time.monotonic() + self.timeout
+        self._deadline = time.thread_time() + self.timeout
         cols = ", ".join(quote(c, self.dialect) for c in table.columns)
         try:
             return self.conn.execute(f"SELECT {cols} FROM {quote(table.name, self.dialect)}").fetchall()
         except sqlite3.Error as e:
+            if str(e) == "interrupted":
+                raise CheckerUnavailable(f"reading table {table.name} for the verdict ran past its {self.timeout:g} "
+                                         "CPU s: no verdict") from None
             return str(e)
 
     def table_hash(self, table: Table) -> str:
+        """The verdict's hash of the table, or the error text (e.g. the model dropped it); a timeout raises."""
         rows = self.table_rows(table)
         return rows if isinstance(rows, str) else table_hash(rows)
 

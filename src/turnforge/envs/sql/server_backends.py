@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from turnforge.envs.isolation import CheckerUnavailable
 from turnforge.envs.sql.backends import (
     QueryResult,
     create_table_sql,
@@ -107,6 +108,8 @@ class MySqlBackend:
 
     def table_hash(self, table: Table) -> str:
         result = self.execute(mysql_hash_query(table.name, table.columns))
+        if not result.ok and str(result.error).startswith("interrupted:"):
+            raise CheckerUnavailable(f"hashing table {table.name} for the verdict: {result.error}; no verdict")
         return str(result.rows) if result.ok else str(result.error)
 
     def close(self) -> None:
@@ -176,6 +179,8 @@ class PostgresBackend:
                 cursor.execute(f"SET search_path TO {quote(self.schema, self.dialect)}")
                 cursor.execute(f"SELECT {cols} FROM {quote(table.name, self.dialect)}")
                 return table_hash(cursor.fetchall())
+        except self.psycopg.errors.QueryCanceled as e:  # statement_timeout
+            raise CheckerUnavailable(f"hashing table {table.name} for the verdict: {str(e).strip()}; no verdict") from None
         except self.psycopg.Error as e:
             return str(e).strip()
 
