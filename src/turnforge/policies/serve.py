@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import secrets
 import socket
 import threading
@@ -56,6 +57,8 @@ from turnforge.policies.queue import Role, RoleQueues
 from turnforge.policies.reply_memory import Remembered, ReplyMemory
 from turnforge.policies.serve_stream import DONE, Choice, choice_chunks, role_chunk, sse
 from turnforge.types import Message, Task
+
+logger = logging.getLogger(__name__)
 
 
 class StreamOptions(BaseModel):
@@ -105,7 +108,12 @@ class APIError(Exception):
 
 
 def _failure(e: Exception) -> APIError:
-    return e if isinstance(e, APIError) else APIError(500, f"generation failed: {type(e).__name__}: {e}")
+    """A failed generation as the client's 500 answer, and one line in the server's log."""
+    if isinstance(e, APIError):
+        return e
+    failure = APIError(500, f"generation failed: {type(e).__name__}: {e}")
+    logger.error(failure.message)
+    return failure
 
 
 @dataclass
@@ -226,10 +234,6 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
         answer.headers.update(e.headers or {})  # 405's Allow
         return answer
 
-    @app.exception_handler(Exception)
-    async def crashed(_request: Request, e: Exception) -> JSONResponse:
-        return _failure(e).response()
-
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         created = int(time.time())
@@ -240,7 +244,13 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
     async def chat_completions(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
         job = _prepare(served, request)  # a bad request is refused here, before a stream starts
         if not request.stream:
-            return _completion(served, request, job, await _answer(served, state, request, job))
+            try:
+                choices = await _answer(served, state, request, job)
+            except Exception as e:
+                # Raised as an APIError, whose handler answers: Starlette's catch-all `Exception` handler answers
+                # and re-raises, and uvicorn then logs a traceback and drops the connection under the answer.
+                raise _failure(e) from None
+            return _completion(served, request, job, choices)
         answer = _run_to_the_end(state, _answer(served, state, request, job))
         return StreamingResponse(_stream(served, request, job, answer), media_type="text/event-stream")
 
