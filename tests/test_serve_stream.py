@@ -99,6 +99,18 @@ def test_the_openai_stream_helper_accepts_the_stream_and_n_choices_are_indexed(c
     assert {c.choices[0].index for c in chunks} == {0, 1} and all(c.usage is None for c in chunks)
 
 
+def test_the_same_seed_gives_the_same_samples_streamed_or_not(client):
+    """OpenAI's `seed`: the same request, the same samples. Each reply's draws were seeded by its prefix-cache key,
+    a fresh random one per request, so a seed gave other samples at each call."""
+    kw = _request(temperature=1.0, seed=11, n=2, max_tokens=12)
+    first, second = client.chat.completions.create(**kw), client.chat.completions.create(**kw)
+    streamed = list(client.chat.completions.create(**kw, stream=True))
+    contents = [c.message.content for c in first.choices]
+    assert [c.message.content for c in second.choices] == contents
+    assert [_joined(streamed, i)["content"] for i in (0, 1)] == contents
+    assert contents[0] != contents[1]  # two samples, not one twice
+
+
 def test_a_raw_stream_is_server_sent_events_ending_in_done(url):
     body = {"model": "tiny", "messages": [{"role": "user", "content": ROOM}], "max_tokens": 4, "stream": True}
     with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=60) as answer:
@@ -230,3 +242,4 @@ def test_a_generation_that_fails_is_an_error_event_in_a_stream_that_began(client
     assert next(stream).choices[0].delta.role == "assistant"  # sent before the model ran
     with pytest.raises(openai.APIError, match="generation failed: RuntimeError: CUDA out of memory"):
         next(stream)
+

@@ -118,10 +118,19 @@ def _failure(e: Exception) -> APIError:
 
 @dataclass
 class _ServedPrompt(Prompt):
-    """A prompt with its own request's settings: one batch may mix requests that differ in them."""
+    """A prompt with its own request's settings: one batch may mix requests that differ in them.
+
+    Its task and sample say which choice of a request it is, and seed its draws (`row_seed`: with the prompt ids,
+    so the same request with the same `seed` gives the same samples); `conversation`, a key that follows a
+    conversation from reply to reply, keys the hf prefix cache."""
 
     params: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
+    conversation: tuple[str, int] = ("", 0)
+
+    @property
+    def episode(self) -> tuple[str, int]:
+        return self.conversation
 
 
 class _PerRequestSettings:
@@ -315,9 +324,9 @@ def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
 async def _answer(served: ServedModel, state: dict[str, Any], request: ChatRequest, job: _Job) -> list[Choice]:
     """Generate the request's choices, parse their tool calls and remember their ids (`ReplyMemory`)."""
     gens = await _generate(state, [
-        _ServedPrompt(messages=[], task=Task(key[0], "serve", "", ""), sample=key[1], turn=0, ids=job.ids,
-                      params=job.params, adapter=job.adapter)
-        for key in job.keys
+        _ServedPrompt(messages=[], task=Task("choice", "serve", "", ""), sample=index, turn=0, ids=job.ids,
+                      params=job.params, adapter=job.adapter, conversation=key)
+        for index, key in enumerate(job.keys)
     ])
     tools = bool(request.tools) and request.tool_choice != "none"
     choices = []
