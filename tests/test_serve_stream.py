@@ -243,3 +243,21 @@ def test_a_generation_that_fails_is_an_error_event_in_a_stream_that_began(client
     with pytest.raises(openai.APIError, match="generation failed: RuntimeError: CUDA out of memory"):
         next(stream)
 
+
+def test_a_tool_call_reply_streams_to_the_openai_client_as_tool_calls(client, served, monkeypatch):
+    """The served model's reply is a `<tool_call>` block (a scripted generation: the tiny model writes none)."""
+    text = '<tool_call>\n{"name": "act", "arguments": {"action": "look"}}\n</tool_call>'
+    ids = [*served.tokenizer.encode(text), served.eos_id]
+    monkeypatch.setattr(served.hf, "generate", lambda prompts, _params: [
+        Generation(text=text, ids=ids, logprobs=[-0.5] * len(ids)) for _ in prompts])
+    tools = [{"type": "function", "function": {"name": "act", "parameters": {"type": "object", "properties": {
+        "action": {"type": "string"}}}}}]
+    with client.chat.completions.stream(**_request(), tools=tools) as stream:
+        final = stream.get_final_completion().choices[0]
+    whole = client.chat.completions.create(**_request(), tools=tools).choices[0]
+    assert final.finish_reason == whole.finish_reason == "tool_calls"
+    (streamed,), (plain,) = final.message.tool_calls, whole.message.tool_calls
+    assert (streamed.function.name, streamed.function.arguments) == (plain.function.name, plain.function.arguments)
+    assert plain.function.arguments == '{"action": "look"}'
+    assert streamed.id.startswith("call_") and not final.message.content  # "" from the role chunk, as vLLM
+    assert [t.logprob for t in final.logprobs.content] == [-0.5] * len(ids)
