@@ -62,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 
 class StreamOptions(BaseModel):
+    """OpenAI's `stream_options` (with `stream: true` only)."""
+
     model_config = ConfigDict(extra="allow")
 
     include_usage: bool = False  # a last chunk with `usage` and no choices
