@@ -67,6 +67,12 @@ class Prompt:
     tools: list[dict] | None = None
     env: Env | None = None
 
+    @property
+    def episode(self) -> tuple[str, int]:
+        """The key of the episode this prompt goes on with: what a policy keeps per episode (the hf prefix cache)
+        is stored under it and dropped by `release`."""
+        return (self.task.id, self.sample)
+
 
 @dataclass
 class Generation:

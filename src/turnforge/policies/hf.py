@@ -106,7 +106,7 @@ class HFPolicy:
         _check_params(params)
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
-        keys = [(p.task.id, p.sample) if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
+        keys = [p.episode if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
         seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
         sampled = [explores(params, p) for p in prompts]
         # Episodes that go on from their cached keys/values run apart from prompts encoded afresh: in one batch every

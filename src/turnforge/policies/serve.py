@@ -7,8 +7,11 @@
 Qwen3 / Hermes `<tool_call>` blocks parsed into `tool_calls` (finish_reason "tool_calls"). It takes `n`,
 `temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `stop`, `seed`, `logprobs`, and vLLM's
 extensions `top_k`, `return_token_ids` (the reply's `token_ids` and the `prompt_token_ids`) and
-`include_stop_str_in_output`; `usage` counts the prompt once and every choice's tokens. No streaming.
-Errors are OpenAI-shaped JSON bodies (`{"error": {"message", "type", "param", "code"}}`) with 400, 404 or 500.
+`include_stop_str_in_output`; `usage` counts the prompt once and every choice's tokens. `stream: true` answers
+with OpenAI's `chat.completion.chunk` server-sent events (and `stream_options.include_usage`'s usage chunk); the
+reply is generated whole and then sent in per-token chunks (policies/serve_stream.py). Errors are OpenAI-shaped
+JSON bodies (`{"error": {"message", "type", "param", "code"}}`) with 400, 404, 405 or 500 (in a stream that has
+started: an `error` event); `param` names the field at fault, or is null.
 
 Batching: every choice of every open request joins one batching queue (`RoleQueues`, policies/queue.py), whose
 `live` count is the prompts still waiting for the model: a request that finds the model idle runs at once, and
@@ -31,26 +34,39 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import secrets
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from turnforge.formats.tool_call import ToolCallFormat
 from turnforge.models.chat import encode, render
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.queue import Role, RoleQueues
 from turnforge.policies.reply_memory import Remembered, ReplyMemory
+from turnforge.policies.serve_stream import DONE, Choice, choice_chunks, role_chunk, sse
 from turnforge.types import Message, Task
+
+logger = logging.getLogger(__name__)
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options` (with `stream: true` only)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False  # a last chunk with `usage` and no choices
 
 
 class ChatRequest(BaseModel):
@@ -72,7 +88,8 @@ class ChatRequest(BaseModel):
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=0)  # only the sampled token's log-probability
-    stream: Literal[False] = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
     return_token_ids: bool = False
     include_stop_str_in_output: bool = False
 
@@ -84,18 +101,38 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def response(self) -> JSONResponse:
+    def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": error}, status_code=self.status)
+        return {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.body()}, status_code=self.status)
+
+
+def _failure(e: Exception) -> APIError:
+    """A failed generation as the client's 500 answer, and one line in the server's log."""
+    if isinstance(e, APIError):
+        return e
+    failure = APIError(500, f"generation failed: {type(e).__name__}: {e}")
+    logger.error(failure.message)
+    return failure
 
 
 @dataclass
 class _ServedPrompt(Prompt):
-    """A prompt with its own request's settings: one batch may mix requests that differ in them."""
+    """A prompt with its own request's settings: one batch may mix requests that differ in them.
+
+    Its task and sample say which choice of a request it is, and seed its draws (`row_seed`: with the prompt ids,
+    so the same request with the same `seed` gives the same samples); `conversation`, a key that follows a
+    conversation from reply to reply, keys the hf prefix cache."""
 
     params: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
+    conversation: tuple[str, int] = ("", 0)
+
+    @property
+    def episode(self) -> tuple[str, int]:
+        return self.conversation
 
 
 class _PerRequestSettings:
@@ -196,13 +233,17 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return APIError(400, f"{where or 'request'}: {first.get('msg', 'invalid request')}", where).response()
+        return _invalid_request(e).response()
 
-    @app.exception_handler(Exception)
-    async def crashed(_request: Request, e: Exception) -> JSONResponse:
-        return APIError(500, f"generation failed: {type(e).__name__}: {e}").response()
+    @app.exception_handler(HTTPException)
+    async def no_route(request: Request, e: HTTPException) -> JSONResponse:
+        message = str(e.detail)
+        if e.status_code in (404, 405):  # OpenAI's words for a path (or method) it does not serve
+            message = (f"Invalid URL ({request.method} {request.url.path}); this server answers GET /v1/models "
+                       "and POST /v1/chat/completions")
+        answer = APIError(e.status_code, message).response()
+        answer.headers.update(e.headers or {})  # 405's Allow
+        return answer
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -210,14 +251,55 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
         return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "turnforge"}
                                            for n in served.names]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatRequest) -> dict[str, Any]:
-        return await _complete(served, state, request)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        job = _prepare(served, request)  # a bad request is refused here, before a stream starts
+        if not request.stream:
+            try:
+                choices = await _answer(served, state, request, job)
+            except Exception as e:
+                # Raised as an APIError, whose handler answers: Starlette's catch-all `Exception` handler answers
+                # and re-raises, and uvicorn then logs a traceback and drops the connection under the answer.
+                raise _failure(e) from None
+            return _completion(served, request, job, choices)
+        answer = _run_to_the_end(state, _answer(served, state, request, job))
+        return StreamingResponse(_stream(served, request, job, answer), media_type="text/event-stream")
 
     return app
 
 
-async def _complete(served: ServedModel, state: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
+def _invalid_request(e: RequestValidationError) -> APIError:
+    """A body FastAPI could not read or validate: the first problem, naming the field (`param`) where there is one."""
+    first = e.errors()[0] if e.errors() else {}
+    if first.get("type") == "json_invalid":  # its `loc` holds the character offset, not a field
+        try:
+            json.loads(e.body)
+            problem = first.get("ctx", {}).get("error", "")
+        except (TypeError, ValueError) as err:
+            problem = str(err)
+        return APIError(400, f"the request body is not valid JSON ({problem}); send one JSON object, "
+                        'e.g. {"model": "...", "messages": [{"role": "user", "content": "..."}]}')
+    where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+    return APIError(400, f"{where or 'request'}: {first.get('msg', 'invalid request')}", where)
+
+
+@dataclass
+class _Job:
+    """A request checked and ready for the model: its messages as the template reads them, prompt ids, sampling
+    settings, adapter and one prefix-cache key per choice."""
+
+    messages: list[dict[str, Any]]
+    ids: list[int]
+    keys: list[tuple[str, int]]
+    params: SamplingParams
+    adapter: str | None
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
+    if request.stream_options is not None and not request.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
     if request.model not in served.names:
         raise APIError(404, f"The model `{request.model}` does not exist; this server has: {', '.join(served.names)}",
                        "model", "model_not_found")
@@ -238,31 +320,82 @@ async def _complete(served: ServedModel, state: dict[str, Any], request: ChatReq
                             # as OpenAI's: the same seed, the same sample; no seed, a fresh one per request
                             seed=request.seed if request.seed is not None else secrets.randbits(62))
     keys = [first_key] + [(uuid.uuid4().hex, 0) for _ in range(request.n - 1)]
+    return _Job(messages, ids, keys, params, adapter)
+
+
+async def _answer(served: ServedModel, state: dict[str, Any], request: ChatRequest, job: _Job) -> list[Choice]:
+    """Generate the request's choices, parse their tool calls and remember their ids (`ReplyMemory`)."""
     gens = await _generate(state, [
-        _ServedPrompt(messages=[], task=Task(key[0], "serve", "", ""), sample=key[1], turn=0, ids=ids,
-                      params=params, adapter=adapter)
-        for key in keys
+        _ServedPrompt(messages=[], task=Task("choice", "serve", "", ""), sample=index, turn=0, ids=job.ids,
+                      params=job.params, adapter=job.adapter, conversation=key)
+        for index, key in enumerate(job.keys)
     ])
     tools = bool(request.tools) and request.tool_choice != "none"
     choices = []
-    for index, (gen, key) in enumerate(zip(gens, keys, strict=True)):
-        message, finish = _reply(gen, stop, tools, request.include_stop_str_in_output)
-        _remember(served, request, messages, message, ids + gen.ids, key, state)
-        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish,
-                                  "logprobs": _logprobs(served, gen) if request.logprobs else None}
-        if request.return_token_ids:
-            choice["token_ids"] = gen.ids
-        choices.append(choice)
-    completion_tokens = sum(len(g.ids) for g in gens)
+    for index, (gen, key) in enumerate(zip(gens, job.keys, strict=True)):
+        message, finish = _reply(gen, job.params.stop, tools, request.include_stop_str_in_output)
+        _remember(served, request, job.messages, message, job.ids + gen.ids, key, state)
+        choices.append(Choice(index, message, finish, gen))
+    return choices
+
+
+def _completion(served: ServedModel, request: ChatRequest, job: _Job, choices: list[Choice]) -> dict[str, Any]:
+    """The `chat.completion` answer (stream: false)."""
     body: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": request.model, "choices": choices,
-        "usage": {"prompt_tokens": len(ids), "completion_tokens": completion_tokens,
-                  "total_tokens": len(ids) + completion_tokens},
+        "id": job.id, "object": "chat.completion", "created": job.created, "model": request.model,
+        "choices": [_plain_choice(served, request, c) for c in choices], "usage": _usage(job, choices),
     }
     if request.return_token_ids:
-        body["prompt_token_ids"] = ids
+        body["prompt_token_ids"] = job.ids
     return body
+
+
+def _plain_choice(served: ServedModel, request: ChatRequest, c: Choice) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": c.index, "message": c.message, "finish_reason": c.finish,
+                              "logprobs": {"content": _logprobs(served, c.gen)} if request.logprobs else None}
+    if request.return_token_ids:
+        choice["token_ids"] = c.gen.ids
+    return choice
+
+
+def _usage(job: _Job, choices: list[Choice]) -> dict[str, int]:
+    """The prompt counted once, every choice's tokens."""
+    completion_tokens = sum(len(c.gen.ids) for c in choices)
+    return {"prompt_tokens": len(job.ids), "completion_tokens": completion_tokens,
+            "total_tokens": len(job.ids) + completion_tokens}
+
+
+def _run_to_the_end(state: dict[str, Any], answer: Coroutine[Any, Any, list[Choice]]) -> asyncio.Task:
+    """The answer as a task of its own: a client that hangs up mid-stream stops its stream, not the generation
+    (which shares a batch with other requests) nor the remembering of its ids."""
+    task = asyncio.get_running_loop().create_task(answer)
+    state.setdefault("answers", set()).add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(lambda t: (state["answers"].discard(t), t.cancelled() or t.exception()))
+    return task
+
+
+async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: asyncio.Task) -> AsyncIterator[str]:
+    """The `chat.completion.chunk` events (stream: true); policies/serve_stream.py says how a reply is cut."""
+    usage = request.stream_options is not None and request.stream_options.include_usage
+    head: dict[str, Any] = {"id": job.id, "object": "chat.completion.chunk", "created": job.created,
+                            "model": request.model} | ({"usage": None} if usage else {})
+    first = head | ({"prompt_token_ids": job.ids} if request.return_token_ids else {})
+    for index in range(request.n):
+        yield sse((first if index == 0 else head) | {"choices": [role_chunk(index)]})
+    try:
+        choices = await asyncio.shield(answer)
+    except Exception as e:  # after the 200 header: the error goes in the stream, where OpenAI's clients raise it
+        yield sse({"error": _failure(e).body()})
+        yield DONE
+        return
+    decode = served.tokenizer.decode
+    for c in choices:
+        logprobs = _logprobs(served, c.gen) if request.logprobs else None
+        for chunk in choice_chunks(c, decode, logprobs, request.return_token_ids):
+            yield sse(head | {"choices": [chunk]})
+    if usage:
+        yield sse(head | {"choices": [], "usage": _usage(job, choices)})
+    yield DONE
 
 
 async def _generate(state: dict[str, Any], prompts: list[_ServedPrompt]) -> list[Generation]:
@@ -321,10 +454,11 @@ def _reply(gen: Generation, stop: list[str], tools: bool, keep_stop: bool) -> tu
     return {"role": "assistant", "content": text}, gen.finish_reason
 
 
-def _logprobs(served: ServedModel, gen: Generation) -> dict[str, Any]:
+def _logprobs(served: ServedModel, gen: Generation) -> list[dict[str, Any]]:
+    """OpenAI's logprob entry for each generated token."""
     tokens = [served.tokenizer.decode([t]) for t in gen.ids]
-    return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-                        for tok, lp in zip(tokens, gen.logprobs, strict=False)]}
+    return [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
+            for tok, lp in zip(tokens, gen.logprobs, strict=False)]
 
 
 def _chat_message(m: dict[str, Any], index: int) -> dict[str, Any]:

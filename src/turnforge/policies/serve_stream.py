@@ -1,0 +1,127 @@
+"""`stream: true` for `turnforge serve`: a finished reply as OpenAI's `chat.completion.chunk` deltas.
+
+The hf backend generates a whole batch in one `generate` call and returns whole replies, so the server sends
+each choice's role chunk as soon as a request is accepted and the rest once the reply is written: its text cut
+at token boundaries (one chunk per token, or per few tokens where a token ends inside a UTF-8 character), so a
+client sees the same chunks, and the same concatenated text, as from a server that decodes as it goes; only
+their timing differs. The chunks never hold text past the reply's content (a stop string and what follows it
+are cut away before), and their log-probabilities and token ids (vLLM's `return_token_ids`), put together,
+are the non-streamed reply's.
+
+Shapes follow OpenAI's chat-completions streaming: the first delta of a choice has the role, then content
+deltas, a tool call as {index, id, type, function.name, arguments ""} followed by its arguments, and a last
+chunk with an empty delta and `finish_reason`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from turnforge.policies.base import Generation
+
+
+@dataclass
+class Choice:
+    """One finished choice of a completion: its OpenAI message, finish reason and the generation behind it."""
+
+    index: int
+    message: dict[str, Any]
+    finish: str
+    gen: Generation
+
+
+@dataclass
+class Piece:
+    """A streamed slice of a reply's content and the tokens [start, end) that wrote it."""
+
+    text: str
+    start: int
+    end: int
+
+
+def text_pieces(decode: Callable[[list[int]], str], ids: list[int], content: str) -> list[Piece]:
+    """`content` cut at the token boundaries of `ids`; the pieces join to exactly `content`.
+
+    Each step decodes a short window (from the start of the previous piece) rather than the whole prefix, as
+    vLLM's incremental detokenizer does: linear in the reply, and a tokenizer that treats a sequence's first
+    token apart (a dropped leading space) sees the window's first token mid-text. A window whose text ends in
+    U+FFFD (a token cut inside a UTF-8 character) waits for the next token. Tokens after the end of `content`
+    (the end-of-turn token, a stop string) belong to no piece; text the tokens never decoded to (not seen:
+    the content is the decoded ids, cut) goes in a last piece with the remaining tokens.
+    """
+    pieces: list[Piece] = []
+    shown = start = window = 0
+    for end in range(1, len(ids) + 1):
+        if shown >= len(content):
+            break
+        before, now = decode(ids[window:start]), decode(ids[window:end])
+        if now.endswith("\ufffd") or len(now) <= len(before) or not now.startswith(before):
+            continue
+        new = now[len(before):]
+        text = content[shown : shown + len(new)]
+        if not new.startswith(text):
+            continue
+        pieces.append(Piece(text, start, end))
+        shown, window, start = shown + len(text), start, end
+    if shown < len(content):
+        pieces.append(Piece(content[shown:], start, len(ids)))
+    return pieces
+
+
+def role_chunk(index: int) -> dict[str, Any]:
+    """A choice's first chunk, sent before its reply is written."""
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+
+def choice_chunks(choice: Choice, decode: Callable[[list[int]], str], logprobs: list[dict] | None,
+                  with_ids: bool) -> Iterator[dict[str, Any]]:
+    """A choice's chunks after its role chunk: content (or tool-call) deltas, then the finish chunk.
+
+    `logprobs`: one OpenAI logprob entry per generated token, or None when the request did not ask for them.
+    A tool-call reply's tokens have no text of their own in the deltas: they ride on the finish chunk, like
+    the tokens after the content (the end-of-turn token, a stop string's).
+    """
+    message, gen = choice.message, choice.gen
+    taken = 0
+    if message.get("tool_calls"):
+        if message.get("content"):
+            yield _chunk(choice.index, {"content": message["content"]})
+        for delta in _tool_call_deltas(message["tool_calls"]):
+            yield _chunk(choice.index, delta)
+    else:
+        for piece in text_pieces(decode, gen.ids, message["content"] or ""):
+            yield _chunk(choice.index, {"content": piece.text}, _tokens(gen, logprobs, with_ids, piece.start, piece.end))
+            taken = piece.end
+    yield _chunk(choice.index, {}, _tokens(gen, logprobs, with_ids, taken, len(gen.ids)), choice.finish)
+
+
+def _tool_call_deltas(calls: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for k, call in enumerate(calls):
+        fn = call["function"]
+        yield {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                               "function": {"name": fn["name"], "arguments": ""}}]}
+        yield {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]}
+
+
+def _tokens(gen: Generation, logprobs: list[dict] | None, with_ids: bool, start: int, end: int) -> dict[str, Any]:
+    """The fields a chunk gets for the tokens [start, end): their log-probabilities and, if asked, their ids."""
+    out: dict[str, Any] = {"logprobs": {"content": logprobs[start:end]} if logprobs is not None and end > start else None}
+    if with_ids:
+        out["token_ids"] = gen.ids[start:end]
+    return out
+
+
+def _chunk(index: int, delta: dict[str, Any], tokens: dict[str, Any] | None = None,
+           finish: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, **(tokens or {}), "finish_reason": finish}
+
+
+def sse(data: dict[str, Any]) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"
