@@ -101,9 +101,8 @@ class ServiceEnv:
         return [Message("system", agent_system_prompt(self.domain.policy)), Message("assistant", GREETING), *first]
 
     def step(self, reply: Message | FormatError) -> StepResult:
-        assert self.termination is None, "the episode has ended; call reset(task)"
-        if self._replayed_greeting(reply):
-            return StepResult([], info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
+        if self.termination is not None:  # the user ended it at its first message: tau2 stops there
+            return self._ended_at_reset()
         if isinstance(reply, FormatError):
             out = self._unparsable(reply)
         elif reply.tool_calls:
@@ -207,11 +206,12 @@ class ServiceEnv:
         self._check_limits()
         return [self.format.observation(text)]
 
-    def _replayed_greeting(self, reply: Message | FormatError) -> bool:
-        """A saved tau2 conversation starts with the greeting, which this env already sent: a replayed copy of
-        it, as the agent's first reply, is skipped (not a step, not sent to the user)."""
-        return (self.user_kind == "replay" and len(self.history) == 2 and isinstance(reply, Message)
-                and not reply.tool_calls and reply.content.strip() == GREETING)
+    def _ended_at_reset(self) -> StepResult:
+        """The step after a reset whose user ended the episode (###STOP### or a protocol break as its first
+        message): tau2's simulation ended before the agent's turn, so this reply is not part of it."""
+        assert len(self.history) <= 2, "the episode has ended; call reset(task)"
+        return StepResult([], done=True, stop=_STOPS.get(self.termination),
+                          info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
 
     def _check_limits(self) -> None:
         """tau2's `_check_termination`, run where it runs (not while tool calls await their answer)."""
