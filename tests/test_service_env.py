@@ -323,3 +323,21 @@ def test_service_metrics_per_domain(tmp_path):
     assert set(desk["pass^k"]) == {"1", "2"} and set(desk["pass@k"]) == {"1", "2"}
     assert desk["n_episodes"] == 8 and sum(desk["termination"].values()) == 8
     assert 0.0 <= desk["tool_error_rate"] <= 1.0 and desk["user_tokens"] == 0
+
+
+def test_random_lists_every_tool_with_arguments_the_conversation_showed_not_the_gold_calls():
+    """Issue 40 defect 6: `--policy random` picked among the task's gold calls (43 % on retail). It now draws any
+    tool of the domain, each string argument a value the conversation has shown (or empty when none fits)."""
+    from collections import Counter
+
+    from turnforge.envs.service.random_calls import DRAWS
+
+    env = make_env("service", domain="desk")
+    task = load_tasks("service", "test", limit=1, domain="desk")[0]
+    opening = env.reset(task)[-1].content
+    calls = [json.loads(a) for a in env.admissible_actions() if a.startswith("{")]
+    assert Counter(c["name"] for c in calls) == dict.fromkeys(env.domain.tool_kinds(), DRAWS)
+    strings = [v for c in calls for v in c["arguments"].values() if isinstance(v, str)]
+    assert strings and all(v in opening for v in strings)
+    gold = [{"name": a["name"], "arguments": a["arguments"]} for a in task.data["evaluation_criteria"]["actions"]]
+    assert not [c for c in calls if c in gold]

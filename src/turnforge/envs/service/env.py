@@ -19,6 +19,7 @@ tool observation and counts as a tool error (tau2's function-calling API never y
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 from turnforge.envs.service.domain import Domain, load_domain
@@ -30,6 +31,7 @@ from turnforge.envs.service.evaluation import (
     judge_messages,
     read_judge_reply,
 )
+from turnforge.envs.service.random_calls import DRAWS, random_calls, shown_values
 from turnforge.envs.service.users import STOP, ModelUser, ScriptedUser, User, is_user_stop
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -267,11 +269,12 @@ class ServiceEnv:
 
     # ---- scripted policies -------------------------------------------------------------------------------
     def admissible_actions(self) -> list[str]:
-        """For `--policy random`: the task's gold calls (as JSON), a transfer, a question and the stop token."""
-        actions = [json.dumps({"name": a["name"], "arguments": a.get("arguments") or {}}, sort_keys=True)
-                   for a in self._gold_actions()]
-        transfer = {"name": "transfer_to_human_agents", "arguments": {"summary": "The customer needs help."}}
-        return actions + [json.dumps(transfer), "Could you give me more details, please?", AGENT_STOP_TOKEN]
+        """For `--policy random`: calls of every tool of the domain with arguments drawn from what the conversation
+        has shown (random_calls.py; never the task's gold calls), a question to the user and the stop token."""
+        rng = random.Random(f"{self.spec['id']}/{len(self.history)}")
+        calls = random_calls(self._tools, shown_values(self.history), rng)
+        talk = ["Could you give me more details, please?", AGENT_STOP_TOKEN] * DRAWS
+        return [json.dumps(c, sort_keys=True) for c in calls] + talk
 
     def action_message(self, action: str) -> Message:
         if action.startswith("{"):
