@@ -100,11 +100,12 @@ class ServiceEnv:
         self.progress = 0.0
         self._score: Score | None = None
         first = self._user_turn()
+        self.ended_at_reset = self.termination is not None
         return [Message("system", agent_system_prompt(self.domain.policy)), Message("assistant", GREETING), *first]
 
     def step(self, reply: Message | FormatError) -> StepResult:
         if self.termination is not None:  # the user ended it at its first message: tau2 stops there
-            return self._ended_at_reset()
+            return self._reply_after_the_users_end()
         if isinstance(reply, FormatError):
             out = self._unparsable(reply)
         elif reply.tool_calls:
@@ -208,10 +209,11 @@ class ServiceEnv:
         self._check_limits()
         return [self.format.observation(text)]
 
-    def _ended_at_reset(self) -> StepResult:
+    def _reply_after_the_users_end(self) -> StepResult:
         """The step after a reset whose user ended the episode (###STOP### or a protocol break as its first
         message): tau2's simulation ended before the agent's turn, so this reply is not part of it."""
-        assert len(self.history) <= 2, "the episode has ended; call reset(task)"
+        assert self.ended_at_reset, "the episode has ended; call reset(task)"
+        self.ended_at_reset = False  # asked once
         return StepResult([], done=True, stop=_STOPS.get(self.termination),
                           info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
 

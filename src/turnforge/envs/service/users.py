@@ -224,7 +224,7 @@ class ReplayUserPolicy:
         for where, record in json_records(self.path):
             key = (str(record["task_id"]), int(record.get("sample", 0)))
             said = [_replayed_text(m) for m in record.get("messages", []) if m.get("role") == "user"]
-            if "messages" in record and not said:
+            if not said:
                 # tau2's user always answers the greeting (an empty answer is USER_ERROR, never recorded as a
                 # message): a conversation without one is not tau2's, and there is no user to replay.
                 raise ValueError(f"{where}: task {key[0]!r} sample {key[1]} has no user message; re-grading replays "
