@@ -156,13 +156,14 @@ def test_partial_score_counts_gold_write_actions_matched_in_the_db():
     assert progress[-1] == 1.0 and progress[0] < 1.0
 
 
-def test_replay_regrades_a_saved_conversation(tmp_path):
-    """--policy replay:FILE --env-opt user=replay on the built-in domain: tool results recomputed, tau2 verdict."""
+def _tau2_conversations(tmp_path, n: int = 3) -> list[dict]:
+    """Desk gold episodes as tau2 saves conversations: no system message, the greeting first, tool calls as
+    structured calls, stale tool results (the re-grading recomputes them)."""
     from turnforge.eval.runner import run_eval
 
-    gold = run_eval("service", {"domain": "desk"}, "expert", "test", 3, 1, 0, tmp_path / "gold")
+    gold = run_eval("service", {"domain": "desk"}, "expert", "test", n, 1, 0, tmp_path / "gold")
     assert gold["success"] == 1.0
-    lines = []
+    records = []
     for line in (tmp_path / "gold" / "episodes.jsonl").read_text().splitlines():
         traj = json.loads(line)
         messages = [m for m in traj["messages"] if m["role"] != "system"]
@@ -175,12 +176,66 @@ def test_replay_regrades_a_saved_conversation(tmp_path):
             if m["role"] == "tool":
                 m = {**m, "content": "stale result: the env recomputes it"}
             structured.append(m)
-        lines.append(json.dumps({"task_id": traj["task_id"], "messages": structured}))
-    saved = tmp_path / "saved.jsonl"
-    saved.write_text("\n".join(lines) + "\n")
+        records.append({"task_id": traj["task_id"], "messages": structured})
+    return records
+
+
+def _regrade(tmp_path, records: list[dict], name: str = "regrade") -> tuple[dict, list[dict]]:
+    from turnforge.eval.runner import run_eval
+
+    saved = tmp_path / f"{name}.jsonl"
+    saved.write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = run_eval("service", {"domain": "desk", "user": "replay"}, f"replay:{saved}", "test", None, 1, 0,
-                       tmp_path / "regrade")
+                       tmp_path / name)
+    return summary, [json.loads(line) for line in (tmp_path / name / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_replay_regrades_a_saved_conversation(tmp_path):
+    """--policy replay:FILE --env-opt user=replay on the built-in domain: tool results recomputed, tau2 verdict."""
+    summary, _ = _regrade(tmp_path, _tau2_conversations(tmp_path))
     assert summary["n_episodes"] == 3 and summary["success"] == 1.0
+
+
+@pytest.mark.parametrize("system", [False, True])
+def test_regrading_sends_the_greeting_once(tmp_path, system):
+    """The saved greeting is the env's opening, not an agent reply: it is neither replayed nor a turn."""
+    records = _tau2_conversations(tmp_path, n=1)
+    if system:
+        records[0]["messages"].insert(0, {"role": "system", "content": "an older system prompt"})
+    summary, (traj,) = _regrade(tmp_path, records)
+    assert summary["success"] == 1.0
+    assert [m["content"] for m in traj["messages"]].count(GREETING) == 1
+    saved_replies = [m for m in records[0]["messages"] if m["role"] == "assistant"][1:]
+    assert len(traj["turns"]) == len(saved_replies)
+
+
+def test_a_conversation_without_user_message_is_one_clear_line(tmp_path):
+    """tau2 records no conversation without a user message (its user always answers the greeting; an empty
+    answer is USER_ERROR): there is nothing to replay, so the file is refused before any episode."""
+    from typer.testing import CliRunner
+
+    from turnforge.cli import app
+
+    record = _tau2_conversations(tmp_path, n=1)[0]
+    record["messages"] = [m for m in record["messages"] if m["role"] != "user"]
+    saved = tmp_path / "no_user.jsonl"
+    saved.write_text(json.dumps(record) + "\n")
+    result = CliRunner().invoke(app, ["eval", "--env", "service", "--env-opt", "domain=desk", "--env-opt", "user=replay",
+                                      "--policy", f"replay:{saved}", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (f"error: {saved}:1: task {record['task_id']!r} sample 0 has no user message; "
+                                     "re-grading replays the recorded user (tau2: the greeting, then the user's "
+                                     "first message, then the agent)")
+
+
+def test_a_user_who_stops_at_once_ends_the_episode_graded_not_as_an_env_error(tmp_path):
+    """tau2: a user whose first message is ###STOP### ends the simulation there (USER_STOP), graded as it stands."""
+    record = _tau2_conversations(tmp_path, n=1)[0]
+    record["messages"] = [{"role": "assistant", "content": GREETING}, {"role": "user", "content": "###STOP###"},
+                          {"role": "assistant", "content": "Goodbye."}]  # the agent is asked once; tau2 never asks it
+    summary, (traj,) = _regrade(tmp_path, [record])
+    assert traj["stop_reason"] == "user_stop" and "error" not in traj["score"]["details"]
+    assert traj["score"]["details"]["termination"] == "user_stop" and traj["score"]["success"] is False
 
 
 def test_llm_user_simulator_through_the_user_role(tiny_model_dir, tmp_path):
@@ -274,3 +329,21 @@ def test_service_metrics_per_domain(tmp_path):
     assert set(desk["pass^k"]) == {"1", "2"} and set(desk["pass@k"]) == {"1", "2"}
     assert desk["n_episodes"] == 8 and sum(desk["termination"].values()) == 8
     assert 0.0 <= desk["tool_error_rate"] <= 1.0 and desk["user_tokens"] == 0
+
+
+def test_random_lists_every_tool_with_arguments_the_conversation_showed_not_the_gold_calls():
+    """Issue 40 defect 6: `--policy random` picked among the task's gold calls (43 % on retail). It now draws any
+    tool of the domain, each string argument a value the conversation has shown (or empty when none fits)."""
+    from collections import Counter
+
+    from turnforge.envs.service.random_calls import DRAWS
+
+    env = make_env("service", domain="desk")
+    task = load_tasks("service", "test", limit=1, domain="desk")[0]
+    opening = env.reset(task)[-1].content
+    calls = [json.loads(a) for a in env.admissible_actions() if a.startswith("{")]
+    assert Counter(c["name"] for c in calls) == dict.fromkeys(env.domain.tool_kinds(), DRAWS)
+    strings = [v for c in calls for v in c["arguments"].values() if isinstance(v, str)]
+    assert strings and all(v in opening for v in strings)
+    gold = [{"name": a["name"], "arguments": a["arguments"]} for a in task.data["evaluation_criteria"]["actions"]]
+    assert not [c for c in calls if c in gold]

@@ -267,11 +267,15 @@ def text_content(content) -> str:
 def _policy_replies(record: dict) -> list[dict]:
     """The assistant messages the policy wrote: for a trajectory, `Trajectory.reply_indices()` (an env's prompt
     may hold assistant turns of its own, e.g. DBBench's few-shot "Ok."); a bare `messages` record has no turns
-    to tell them apart, so all of its assistant messages."""
+    to tell them apart, so its assistant messages after the first user message (all of them when it has none,
+    e.g. BFCL's saved outputs): one before it is the env's own opening (tau2's greeting, which the service env
+    sends itself), since in every env here the user speaks before the policy."""
     if "turns" in record:
         traj = Trajectory.from_dict(record)
         return [traj.messages[i].to_dict() for i in traj.reply_indices()]
-    return [m for m in record["messages"] if m["role"] == "assistant"]
+    messages = record["messages"]
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), 0)
+    return [m for m in messages[first_user:] if m["role"] == "assistant"]
 
 
 _EXPECTED = 'a trajectory (with "messages") or {"task_id": ..., "replies": [...]} a line'

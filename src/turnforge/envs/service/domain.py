@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from turnforge.envs.service.data_checks import DomainDataError, db_problems, task_problems
 from turnforge.envs.service.episode_db import EpisodeDB, SharedDB
 from turnforge.envs.service.state import EpisodeState, merged
 from turnforge.envs.service.toolkit import ToolKind, Toolkit
@@ -187,34 +188,47 @@ def _load(kind: DomainKind, data_dir: str, tasks_file: str) -> Domain:
         if not folder.is_dir():
             raise ValueError(f"service domain {kind.name!r}: data_dir {folder} is not a folder (tau2's "
                              "data/tau2/domains/<domain>/ layout: db.json or db.toml, policy.md, tasks.json)")
-        raw_db, policy, tasks, splits = _read_folder(kind, folder)
-        source = str(folder)
-        user_db = _read_user_db(kind, folder)
+        db_path, raw_db, policy, tasks, splits = _read_folder(kind, folder)
+        db_source, tasks_source, source = str(db_path), str(folder / "tasks.json"), str(folder)
     elif kind.builtin is not None:
         raw_db, policy, tasks, splits = kind.builtin()
-        source, user_db = "built in", None
+        db_source = tasks_source = source = "built in"
     else:
         raise ValueError(f"service domain {kind.name!r} needs its data: --env-opt data_dir=PATH/tau2-bench/data/tau2/"
                          f"domains/{kind.name}")
     if tasks_file:
-        tasks, splits = _read_json(Path(tasks_file)), None
+        tasks, splits, tasks_source = _read_json(Path(tasks_file)), None, tasks_file
         source += f" + tasks {tasks_file}"
+    db, problems = _validated(kind.db_model, raw_db, db_source)
+    problems += task_problems(tasks, tasks_source, kind.toolkit, kind.user.toolkit if kind.user else None)
+    user_db = None
+    if data_dir and kind.user is not None:
+        user_path, raw_user_db = _read_user_db(kind, folder)
+        user_db, user_problems = _validated(kind.user.db_model, raw_user_db, str(user_path))
+        problems += user_problems
+    if problems:
+        raise DomainDataError(kind.name, problems)
     by_id = {str(t["id"]): {**t, "id": str(t["id"])} for t in tasks}
     if splits is None:  # no split file: every task is in every split
         splits = {s: list(by_id) for s in ("train", "test", "base")}
     splits = {s: [i for i in ids if i in by_id] for s, ids in splits.items()}
-    db = kind.db_model.model_validate(raw_db)
     return Domain(kind=kind, shared=SharedDB(db), policy=policy, tasks=by_id, splits=splits, source=source,
                   user_db=user_db)
 
 
-def _read_folder(kind: DomainKind, folder: Path) -> tuple[dict, str, list[dict], dict | None]:
-    if (folder / "db.json").is_file():
-        raw_db = _read_json(folder / "db.json")
-    elif (folder / "db.toml").is_file():
-        raw_db = tomllib.loads((folder / "db.toml").read_text(encoding="utf-8"))
-    else:
+def _validated(model: type[BaseModel], raw: Any, where: str) -> tuple[BaseModel | None, list[str]]:
+    """(the parsed DB, []) or (None, its problems)."""
+    try:
+        return model.model_validate(raw), []
+    except ValidationError as e:
+        return None, db_problems(raw, where, model, e)
+
+
+def _read_folder(kind: DomainKind, folder: Path) -> tuple[Path, dict, str, list[dict], dict | None]:
+    db_path = next((folder / f for f in ("db.json", "db.toml") if (folder / f).is_file()), None)
+    if db_path is None:
         raise ValueError(f"{folder} holds no db.json or db.toml")
+    raw_db = _read_json(db_path) if db_path.suffix == ".json" else tomllib.loads(db_path.read_text(encoding="utf-8"))
     if kind.compose_policy is not None:
         policy = kind.compose_policy(folder)
     else:
@@ -225,18 +239,16 @@ def _read_folder(kind: DomainKind, folder: Path) -> tuple[dict, str, list[dict],
     tasks = _read_json(folder / "tasks.json")
     split_file = folder / "split_tasks.json"
     splits = _read_json(split_file) if split_file.is_file() else None
-    return raw_db, policy, tasks, splits
+    return db_path, raw_db, policy, tasks, splits
 
 
-def _read_user_db(kind: DomainKind, folder: Path) -> BaseModel | None:
-    if kind.user is None:
-        return None
+def _read_user_db(kind: DomainKind, folder: Path) -> tuple[Path, Any]:
+    """The path and raw content of the user's DB of a dual-control domain."""
     path = folder / kind.user.db_file
     if not path.is_file():
         raise ValueError(f"service domain {kind.name!r}: {path} does not exist (the user's device DB of tau2's "
                          f"data/tau2/domains/{kind.name}/)")
-    raw = tomllib.loads(path.read_text(encoding="utf-8")) if path.suffix == ".toml" else _read_json(path)
-    return kind.user.db_model.model_validate(raw)
+    return path, tomllib.loads(path.read_text(encoding="utf-8")) if path.suffix == ".toml" else _read_json(path)
 
 
 def _init_data(task: dict | None, side: str) -> dict | None:

@@ -19,6 +19,7 @@ tool observation and counts as a tool error (tau2's function-calling API never y
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 from turnforge.envs.isolation import CheckerUnavailable
@@ -31,6 +32,7 @@ from turnforge.envs.service.evaluation import (
     judge_messages,
     read_judge_reply,
 )
+from turnforge.envs.service.random_calls import DRAWS, random_calls, shown_values
 from turnforge.envs.service.users import STOP, ModelUser, ScriptedUser, User, is_user_stop
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -99,12 +101,12 @@ class ServiceEnv:
         self.progress = 0.0
         self._score: Score | None = None
         first = self._user_turn()
+        self.ended_at_reset = self.termination is not None
         return [Message("system", agent_system_prompt(self.domain.policy)), Message("assistant", GREETING), *first]
 
     def step(self, reply: Message | FormatError) -> StepResult:
-        assert self.termination is None, "the episode has ended; call reset(task)"
-        if self._replayed_greeting(reply):
-            return StepResult([], info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
+        if self.termination is not None:  # the user ended it at its first message: tau2 stops there
+            return self._reply_after_the_users_end()
         if isinstance(reply, FormatError):
             out = self._unparsable(reply)
         elif reply.tool_calls:
@@ -208,11 +210,13 @@ class ServiceEnv:
         self._check_limits()
         return [self.format.observation(text)]
 
-    def _replayed_greeting(self, reply: Message | FormatError) -> bool:
-        """A saved tau2 conversation starts with the greeting, which this env already sent: a replayed copy of
-        it, as the agent's first reply, is skipped (not a step, not sent to the user)."""
-        return (self.user_kind == "replay" and len(self.history) == 2 and isinstance(reply, Message)
-                and not reply.tool_calls and reply.content.strip() == GREETING)
+    def _reply_after_the_users_end(self) -> StepResult:
+        """The step after a reset whose user ended the episode (###STOP### or a protocol break as its first
+        message): tau2's simulation ended before the agent's turn, so this reply is not part of it."""
+        assert self.ended_at_reset, "the episode has ended; call reset(task)"
+        self.ended_at_reset = False  # asked once
+        return StepResult([], done=True, stop=_STOPS.get(self.termination),
+                          info={"progress": self.progress, "steps": self.steps, "tool_errors": self.errors})
 
     def _check_limits(self) -> None:
         """tau2's `_check_termination`, run where it runs (not while tool calls await their answer)."""
@@ -275,11 +279,12 @@ class ServiceEnv:
 
     # ---- scripted policies -------------------------------------------------------------------------------
     def admissible_actions(self) -> list[str]:
-        """For `--policy random`: the task's gold calls (as JSON), a transfer, a question and the stop token."""
-        actions = [json.dumps({"name": a["name"], "arguments": a.get("arguments") or {}}, sort_keys=True)
-                   for a in self._gold_actions()]
-        transfer = {"name": "transfer_to_human_agents", "arguments": {"summary": "The customer needs help."}}
-        return actions + [json.dumps(transfer), "Could you give me more details, please?", AGENT_STOP_TOKEN]
+        """For `--policy random`: calls of every tool of the domain with arguments drawn from what the conversation
+        has shown (random_calls.py; never the task's gold calls), a question to the user and the stop token."""
+        rng = random.Random(f"{self.spec['id']}/{len(self.history)}")
+        calls = random_calls(self._tools, shown_values(self.history), rng)
+        talk = ["Could you give me more details, please?", AGENT_STOP_TOKEN] * DRAWS
+        return [json.dumps(c, sort_keys=True) for c in calls] + talk
 
     def action_message(self, action: str) -> Message:
         if action.startswith("{"):

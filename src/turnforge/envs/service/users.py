@@ -11,7 +11,6 @@ back to it (as `tool` messages) before it speaks to the agent again; the agent s
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +19,7 @@ from turnforge.envs.service.evaluation import action_matches, actions_done_in_or
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
 from turnforge.policies.base import Generation, Prompt, SamplingParams
-from turnforge.types import Message, ToolCall
+from turnforge.types import Message, ToolCall, json_records
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 USER_STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
@@ -219,13 +218,18 @@ class ReplayUserPolicy:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.name = f"replay-user:{path}"
+        # The agent's replay policy has read this file first (model_roles builds it after --policy): its lines are
+        # JSON objects with a task id, a sample and a list of messages.
         self.messages: dict[tuple[str, int], list[str]] = {}
-        with self.path.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    key = (str(record["task_id"]), int(record.get("sample", 0)))
-                    self.messages[key] = [_replayed_text(m) for m in record.get("messages", []) if m.get("role") == "user"]
+        for where, record in json_records(self.path):
+            key = (str(record["task_id"]), int(record.get("sample", 0)))
+            said = [_replayed_text(m) for m in record.get("messages", []) if m.get("role") == "user"]
+            if not said:
+                # tau2's user always answers the greeting (an empty answer is USER_ERROR, never recorded as a
+                # message): a conversation without one is not tau2's, and there is no user to replay.
+                raise ValueError(f"{where}: task {key[0]!r} sample {key[1]} has no user message; re-grading replays "
+                                 "the recorded user (tau2: the greeting, then the user's first message, then the agent)")
+            self.messages[key] = said
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         out = []
