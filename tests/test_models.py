@@ -160,17 +160,17 @@ def test_load_model_options_and_errors(tiny_model_dir, tmp_path):
 def test_resolve_model_builds_tiny_once(tmp_path, monkeypatch):
     built = []
 
-    def fake_build(out_dir, **_):
-        built.append(out_dir)
+    def fake_build(out_dir, envs):
+        built.append((out_dir, envs))
         out_dir.mkdir(parents=True)
         (out_dir / "config.json").write_text("{}")
         return out_dir
 
     monkeypatch.setattr("turnforge.models.tiny.build_tiny_model", fake_build)
     assert resolve_model("Qwen/Qwen3-4B-Instruct-2507", tmp_path) == "Qwen/Qwen3-4B-Instruct-2507"
-    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")
-    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")
-    assert built == [tmp_path / "tiny"]
+    assert resolve_model("tiny", tmp_path, [("sql", {})]) == str(tmp_path / "tiny")
+    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")  # kept: its run was trained with it
+    assert built == [(tmp_path / "tiny", [("sql", {})])]
 
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"

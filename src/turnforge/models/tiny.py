@@ -158,7 +158,7 @@ def resolve_model(spec: str, cache_dir: Path, envs: TinyEnvs = HOUSEHOLD) -> str
         return spec
     path = Path(cache_dir) / "tiny"
     if not (path / "config.json").is_file():
-        build_tiny_model(path, envs)
+        build_tiny_model(path, envs=envs)
     return str(path)
 
 
