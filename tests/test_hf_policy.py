@@ -369,3 +369,27 @@ def test_top_p_keeps_the_tokens_transformers_warper_keeps(top_p):
     assert torch.equal(ours, theirs)
     kept = (ours > -float("inf")).sum(dim=-1)
     assert kept[-1] == 1 and (kept[40:48] > 64).all()  # the one-token row; the flat rows took the whole sort
+
+
+def test_a_prompt_past_the_models_context_ends_its_episode_with_serves_refusal(tiny_model_dir, tasks):
+    """Issue 40 (9): the hf policy generated from any prompt, past the model's positions without a word (`serve`
+    refused the same prompt). Now it refuses it by serve's rule and words (`context_refusal`): the episode ends
+    with stop reason max_tokens, the run goes on, and the refusal is a warning."""
+    from turnforge.models.loading import load_model
+    from turnforge.types import StopReason
+
+    lm, tokenizer = load_model(str(tiny_model_dir), device="cpu")
+    env = make_env("household", format="act_line")
+    first = len(HFPolicy.from_model(lm, tokenizer).renderer.prompt_ids(env.reset(tasks[0]), None))
+    lm.config.max_position_embeddings = first + 40  # the first turn fits, a later one does not
+    policy = HFPolicy.from_model(lm, tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=0)
+    with pytest.warns(RuntimeWarning, match=rf"This model's maximum context length is {first + 40} tokens; the messages "
+                      r"take \d+ and max_tokens is 16: the episode ends \(stop reason max_tokens\)"):
+        [traj] = run_episodes(policy, lambda: make_env("household", format="act_line"), tasks[:1], 1,
+                              RolloutLimits(max_turns=10), params, renderer=policy.renderer)
+    assert traj.stop_reason == StopReason.max_tokens and 1 <= len(traj.turns) < 10
+    position = len(traj.prompt_ids)  # no reply was generated past the model's positions
+    for turn in traj.turns:
+        assert position + len(turn.generated_ids) <= first + 40
+        position += len(turn.generated_ids) + len(turn.observation_ids)

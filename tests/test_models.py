@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from peft import PeftModel
-from transformers import AutoTokenizer, Qwen3ForCausalLM
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
+from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.household.scene import entity_names
 from turnforge.models import LoraSpec, load_model, merge_and_save
 from turnforge.models.chat import trl_chat_template
 from turnforge.models.tiny import QWEN3_ADDED_TOKENS, SIZES, build_tiny_model, resolve_model, tiny_config
+from turnforge.recipes import load_recipe
+from turnforge.stages.context import RunContext
 
 
 @pytest.fixture(scope="module")
@@ -156,14 +160,47 @@ def test_load_model_options_and_errors(tiny_model_dir, tmp_path):
 def test_resolve_model_builds_tiny_once(tmp_path, monkeypatch):
     built = []
 
-    def fake_build(out_dir, **_):
-        built.append(out_dir)
+    def fake_build(out_dir, envs):
+        built.append((out_dir, envs))
         out_dir.mkdir(parents=True)
         (out_dir / "config.json").write_text("{}")
         return out_dir
 
     monkeypatch.setattr("turnforge.models.tiny.build_tiny_model", fake_build)
     assert resolve_model("Qwen/Qwen3-4B-Instruct-2507", tmp_path) == "Qwen/Qwen3-4B-Instruct-2507"
-    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")
-    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")
-    assert built == [tmp_path / "tiny"]
+    assert resolve_model("tiny", tmp_path, [("sql", {})]) == str(tmp_path / "tiny")
+    assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")  # kept: its run was trained with it
+    assert built == [(tmp_path / "tiny", [("sql", {})])]
+
+
+TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
+needs_tau2 = pytest.mark.skipif(not (TAU2 / "retail" / "db.json").is_file(), reason="../shared/data/tau2 absent")
+
+
+@pytest.mark.parametrize("domain", ["desk", pytest.param("retail", marks=needs_tau2)])
+def test_a_service_recipes_tiny_model_holds_its_first_prompt_well_inside_its_context(domain, tmp_path):
+    """Issue 40 (9): the tiny tokenizer was trained on household text whatever the recipe's env: tau2 retail's first
+    prompt (policy + tool schemas, 20,205 characters) was 9,637 tokens, past the model's 4,096 positions; desk's
+    (8,042 characters) 3,663. Now each is trained on its domain: ~4.2 characters a token."""
+    options = [f"env.options.domain={domain}"] + ([f"env.options.data_dir={TAU2 / domain}"] if domain != "desk" else [])
+    recipe = load_recipe("tau_sft_rft_grpo_tiny", options)
+    model_dir = Path(RunContext(recipe, tmp_path).base_model().path)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    env = make_env("service", **recipe.env_options())
+    messages = [m.to_dict() for m in env.reset(load_tasks("service", "train", limit=1, **recipe.env_options())[0])]
+    text = tokenizer.apply_chat_template(messages, tools=env.tools(), tokenize=False, add_generation_prompt=True)
+    tokens = len(tokenizer(text)["input_ids"])
+    assert len(text) / tokens > 3.5, (len(text), tokens)  # the household tokenizer: 2.1-2.2 characters a token
+    assert tokens < Qwen3Config.from_pretrained(model_dir).max_position_embeddings / 2
+    name = "get_order_details" if domain == "retail" else "get_appointment_details"
+    assert len(tokenizer.tokenize(f" {name}")) == 3  # " get", "_order", "_details": the tool names (EnvSpec.vocabulary)
+
+
+def test_every_household_recipe_gets_the_tokenizer_the_quickstart_was_measured_with():
+    """Only the options that choose an env's text reach the corpus (`EnvSpec.corpus_options`): household has
+    none, so the quickstart's options (small rooms, act_line, goal thoughts) leave its tokenizer as it was."""
+    from turnforge.models.tiny import HOUSEHOLD, corpus_envs
+
+    assert corpus_envs(load_recipe("quickstart").envs()) == list(HOUSEHOLD) == [("household", {})]
+    assert corpus_envs([("sql", {"format": "react_sql", "max_rounds": 3}), ("sql", {"format": "react_sql"})]) == [
+        ("sql", {"format": "react_sql"})]

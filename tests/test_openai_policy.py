@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from turnforge.cli import app
 from turnforge.eval.runner import run_eval
 from turnforge.policies import make_policy
-from turnforge.policies.base import BackendError, Prompt, SamplingParams, explores
+from turnforge.policies.base import CONTEXT_LENGTH, BackendError, Prompt, SamplingParams, explores
 from turnforge.policies.openai import chat_messages
 from turnforge.rollout import RolloutLimits
 from turnforge.types import Message, Task, ToolCall, Trajectory
@@ -40,7 +40,7 @@ def completion(content="ACTION: look", tool_calls=None) -> dict:
 
 class Scripted(ThreadingHTTPServer):
     """`script`: steps consumed one per chat request; the last one repeats. A step is ("ok", body),
-    ("status", code, headers), ("slow", seconds), ("malformed",)."""
+    ("status", code, headers), ("error", code, body), ("slow", seconds), ("malformed",)."""
 
     daemon_threads = True
 
@@ -62,7 +62,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.requests.append(body)
         self.server.headers_seen.append(dict(self.headers))
         step = self.server.next_step()
-        if step[0] == "status":
+        if step[0] == "error":
+            self._send(step[1], step[2])
+        elif step[0] == "status":
             self._send(step[1], {"error": {"message": f"scripted {step[1]}", "type": "x"}}, step[2] if len(step) > 2 else {})
         elif step[0] == "slow":
             time.sleep(step[1])
@@ -178,6 +180,25 @@ def test_4xx_is_not_retried(serve_script):
     _, url = serve_script(("status", 400,))
     with pytest.raises(BackendError, match="HTTP 400 .*scripted 400"):  # names none of the extensions
         _policy(url).generate([_prompt()], SamplingParams())
+
+
+def test_a_prompt_refused_for_the_context_ends_its_episode_not_the_run(serve_script):
+    """Issue 40 (9): vLLM's server (no error code, its own words) and `turnforge serve` / OpenAI (code
+    context_length_exceeded) refuse a prompt with no room for max_tokens; the reply is the in-process backends'
+    refusal (stop reason max_tokens in a rollout), not a BackendError that stops every episode."""
+    vllm = {"object": "error", "type": "BadRequestError", "param": None, "code": 400, "message": (
+        "This model's maximum context length is 4096 tokens. However, you requested 4200 tokens (4100 in the "
+        "messages, 100 in the completion). Please reduce the length of the messages or completion.")}
+    ours = {"error": {"message": "This model's maximum context length is 4096 tokens; the messages take 4100 and "
+                      "max_tokens is 100", "type": "invalid_request_error", "param": "messages",
+                      "code": "context_length_exceeded"}}
+    server, url = serve_script(("error", 400, vllm), ("error", 400, ours))
+    policy = _policy(url)
+    for _ in range(2):
+        with pytest.warns(RuntimeWarning, match="maximum context length is 4096 tokens"):
+            (gen,) = policy.generate([_prompt()], SamplingParams(max_new_tokens=100))
+        assert gen.finish_reason == CONTEXT_LENGTH and gen.ids == [] and "4096" in gen.text
+    assert len(server.requests) == 2  # neither retried
 
 
 def test_a_server_refusing_return_token_ids_is_asked_again_without_it(serve_script):

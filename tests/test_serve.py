@@ -17,7 +17,7 @@ from turnforge.eval.runner import run_eval
 from turnforge.policies.base import Generation, SamplingParams
 from turnforge.policies.serve import ServedModel, _reply, running_server
 from turnforge.rollout import RolloutLimits
-from turnforge.types import Trajectory
+from turnforge.types import StopReason, Trajectory
 
 openai = pytest.importorskip("openai")
 
@@ -92,13 +92,14 @@ def test_an_adapter_is_chosen_by_model_name(client, tiny_model_dir, adapter_dir)
     assert tuned.choices[0].message.content == expected.text != base.choices[0].message.content
 
 
-def test_errors_are_openai_shaped(url, client):
+def test_errors_are_openai_shaped(url, client, served):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         _ask(client, model="nope")
     with pytest.raises(openai.BadRequestError, match="n: "):
         _ask(client, n=0)
-    with pytest.raises(openai.BadRequestError, match="maximum context length"):
-        _ask(client, max_tokens=10_000)
+    with pytest.raises(openai.BadRequestError, match="maximum context length") as refused:
+        _ask(client, max_tokens=served.max_context)
+    assert refused.value.code == "context_length_exceeded"
     answer = httpx.post(f"{url}/chat/completions", json={"model": "tiny", "messages": [], "stream": True})
     assert answer.status_code == 400
     error = answer.json()["error"]
@@ -139,6 +140,25 @@ def test_tool_call_blocks_become_tool_calls():
 
 def _episodes(out) -> list[Trajectory]:
     return [Trajectory.from_json(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_a_prompt_past_the_context_ends_its_episode_alike_through_http_and_in_process(url, served, tiny_model_dir,
+                                                                                     tmp_path):
+    """Issue 40 (9): serve refused a prompt with no room for max_tokens (HTTP 400), on which the openai policy
+    stopped the whole run, while the hf policy generated past the model's positions. Both now end the episode with
+    stop reason max_tokens, by serve's rule and in its words (`context_refusal`), and the run goes on."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=served.max_context)  # no prompt leaves room for it
+    common = dict(env="household", env_options={"format": "act_line"}, split="test", n_tasks=2, samples=1, seed=0,
+                  params=params)
+    refusal = rf"This model's maximum context length is {served.max_context} tokens; the messages take \d+"
+    with pytest.warns(RuntimeWarning, match=refusal):
+        run_eval(policy_spec=f"openai:{url}#tiny", out_dir=tmp_path / "http", policy_options={"concurrency": 2},
+                 **common)
+    with pytest.warns(RuntimeWarning, match=refusal):
+        run_eval(policy_spec="hf", model=str(tiny_model_dir), out_dir=tmp_path / "hf", policy_options={"device": "cpu"},
+                 **common)
+    for out in ("http", "hf"):
+        assert [(e.stop_reason, len(e.turns)) for e in _episodes(tmp_path / out)] == [(StopReason.max_tokens, 0)] * 2
 
 
 @pytest.mark.parametrize("fmt", ["act_line", "tool_call"])

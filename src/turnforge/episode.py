@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from turnforge.envs.base import Env
 from turnforge.formats.base import FormatError
 from turnforge.models.chat import ChatRenderer, window_messages
-from turnforge.policies.base import Generation
+from turnforge.policies.base import CONTEXT_LENGTH, Generation
 from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
 
 
@@ -84,6 +84,9 @@ def step_episode(ep: Episode, gen: Generation, limits: RolloutLimits, renderer: 
     ep.tokens_generated += len(gen.ids)
     if gen.finish_reason == "exhausted":  # the policy has nothing left to say (e.g. replay ran out)
         ep.closed, ep.stop = True, StopReason.gave_up
+        return
+    if gen.finish_reason == CONTEXT_LENGTH:  # the backend refused the prompt: no room left in the model's context
+        ep.closed, ep.stop = True, StopReason.max_tokens
         return
     t0 = time.perf_counter()
     try:

@@ -132,6 +132,9 @@ class EnvSpec:
     vocabulary: Callable[[dict[str, Any]], list[str]] | None = None
     """Names the env's text can hold (e.g. household's "cabinet 7"), for its options: a tokenizer trained on the
     env's text (the tiny model's, `models/tiny.py`) gets each as one token, also those no sample of episodes shows."""
+    corpus_options: tuple[str, ...] = ()
+    """The options that choose which text the env has (a domain, a data file, a format the defaults would not
+    sample): the tiny tokenizer built for a recipe takes these from the recipe, the others at their defaults."""
 
     def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate `--env-opt` values (strings from the CLI or typed values from code)."""

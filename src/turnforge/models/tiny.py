@@ -1,10 +1,13 @@
 """The tiny offline model: a random Qwen3 with a byte-level BPE tokenizer trained on the environment's text.
 
-Nothing is downloaded. `build_tiny_model(out_dir)`:
-  1. runs the env's expert on a few hundred train tasks for every grammar and for the act_line and tool_call
-     formats, and renders each episode with the chat template (system prompts, tool schemas, observations,
-     expert actions, the template's own text);
-  2. trains a byte-level BPE on it and on the env's names (`EnvSpec.vocabulary`), with Qwen2/Qwen3's pre-tokenizer
+Nothing is downloaded. `build_tiny_model(out_dir, envs)`:
+  1. runs each env's expert on a few hundred train tasks for every grammar and for the act_line and tool_call
+     formats (or the format the env's options name), and renders each episode with the chat template (system
+     prompts, tool schemas, observations, expert actions, the template's own text). `envs` are the envs a recipe
+     plays, with the options that choose their text (`EnvSpec.corpus_options`: a tau2 domain's data folder, a
+     DBBench file): a retail recipe's tokenizer is trained on retail text (4.3 characters a token on its first
+     prompt, where the household tokenizer every recipe had before issue 40 gave 2.1);
+  2. trains a byte-level BPE on it and on the envs' names (`EnvSpec.vocabulary`), with Qwen2/Qwen3's pre-tokenizer
      regex but a word and its number as one piece (`TINY_SPLIT`), no normalizer, so any text round-trips:
      `decode(encode(x)) == x`) and adds Qwen3's added tokens with Qwen3's flags (`<|im_start|>`, `<|im_end|>`,
      `<|endoftext|>`... special; `<tool_call>`, `<tool_response>`, `<think>`... plain added tokens);
@@ -15,13 +18,14 @@ Nothing is downloaded. `build_tiny_model(out_dir)`:
      the same `load_model` that real models go through.
 
 Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-trips exactly), a word and the
-number after it as one piece (`TINY_SPLIT`), and a vocab of ~2k instead of 151k. A recipe's `model = "tiny"`
-builds it once under the run's cache (`resolve_model`).
+number after it as one piece (`TINY_SPLIT`), and a vocab of at most 3k instead of 151k. A recipe's
+`model = "tiny"` builds it once under the run's cache, for the recipe's envs (`resolve_model`).
 
 This module sits above the rollout engine (it plays the env's expert for its corpus), so `turnforge.models`,
 which the rollout engine's chat rendering lives in, does not import it: import it as `turnforge.models.tiny`.
 
     python -c "from turnforge.models.tiny import build_tiny_model; print(build_tiny_model('runs/tiny'))"
+    python -c "from turnforge.models.tiny import build_tiny_model; print(build_tiny_model('runs/tiny-sql', [('sql', {})]))"
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,21 +107,22 @@ SIZES: dict[str, TinySize] = {
 VOCAB_SIZE = 3072
 """Vocab cap (BPE merges + byte alphabet + Qwen3's 26 added tokens). BPE stops once every word of the corpus is
 one token, so the household corpus and its 673 names give 1,678: its language is small."""
-MAX_POSITIONS = 4096
-"""RoPE context of the tiny model: room for a 50-step household episode in the tool_call format."""
+MAX_POSITIONS = 16384
+"""RoPE context of the tiny model (no weights depend on it): room for a whole tau2 retail episode, whose first prompt
+(policy + 16 tool schemas, 20,205 characters) is 4,681 tokens with the retail tokenizer and whose expert episodes
+take up to 10,060 (benchmarks/tiny_tokenizer.py); 4,096 until issue 40, which no retail prompt fit."""
 CORPUS_TASKS = 300
 """Expert episodes per (grammar, format) variant in the tokenizer corpus."""
 CORPUS_FORMATS = ("act_line", "tool_call")
 
 
-def build_tiny_model(
-    out_dir: str | Path,
-    env: str = "household",
-    size: str = "tiny",
-    env_options: dict[str, Any] | None = None,
-    seed: int = 0,
-) -> Path:
-    """Build the tokenizer and a random Qwen3 of `size` ("tiny" | "small") into `out_dir`; returns it.
+TinyEnvs = Sequence[tuple[str, dict[str, Any]]]
+"""(env name, options) of every env a tiny tokenizer serves: a recipe's [env] and its stages' own envs."""
+HOUSEHOLD: TinyEnvs = (("household", {}),)
+
+
+def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str = "tiny", seed: int = 0) -> Path:
+    """Build the tokenizer (on the text of `envs`) and a random Qwen3 of `size` ("tiny" | "small") into `out_dir`.
 
     The files are written to a temporary folder next to `out_dir` and moved in place at the end, so a killed
     build never leaves a half-written model behind.
@@ -126,15 +131,16 @@ def build_tiny_model(
         raise ValueError(f"unknown tiny model size {size!r}; choose one of: {', '.join(SIZES)}")
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(env_corpus(env, env_options or {}))
+    sources = corpus_envs(envs)
+    tokenizer = train_tokenizer(text for env, options in sources for text in env_corpus(env, options))
     model = tiny_model(tokenizer, size, seed)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "turnforge_tiny.json").write_text(
-            json.dumps({"env": env, "size": size, "env_options": env_options or {}, "seed": seed,
-                        "chat_template": f"trl/chat_templates/{CHAT_TEMPLATE}",
+            json.dumps({"envs": [{"env": env, "options": options} for env, options in sources], "size": size,
+                        "seed": seed, "chat_template": f"trl/chat_templates/{CHAT_TEMPLATE}",
                         "parameters": model.num_parameters()}, indent=2) + "\n"
         )
         if out_dir.exists():
@@ -145,24 +151,43 @@ def build_tiny_model(
     return out_dir
 
 
-def resolve_model(spec: str, cache_dir: Path) -> str:
-    """"tiny" -> `cache_dir/tiny`, built there first when absent; any other spec (path or Hub id) unchanged."""
+def resolve_model(spec: str, cache_dir: Path, envs: TinyEnvs = HOUSEHOLD) -> str:
+    """"tiny" -> `cache_dir/tiny`, built there first (for `envs`) when absent; any other spec (path or Hub id)
+    unchanged. A tiny model already there is kept: the stages of its run were trained with its tokenizer."""
     if spec != "tiny":
         return spec
     path = Path(cache_dir) / "tiny"
     if not (path / "config.json").is_file():
-        build_tiny_model(path)
+        build_tiny_model(path, envs=envs)
     return str(path)
 
 
+def corpus_envs(envs: TinyEnvs) -> list[tuple[str, dict[str, Any]]]:
+    """Each env with only the options that choose its text (`EnvSpec.corpus_options`, validated), in order, once.
+
+    The other options keep their defaults, under which the corpus covers every grammar and format: one tokenizer
+    serves every setting of them. Household has none, so every household recipe gets the tokenizer the quickstart's
+    figures were measured with."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for env, options in envs:
+        spec = get_env_spec(env)
+        chosen = spec.coerce_options({k: v for k, v in options.items() if k in spec.corpus_options})
+        if (env, chosen) not in out:
+            out.append((env, chosen))
+    if not out:
+        raise ValueError("a tiny model needs at least one env to train its tokenizer on")
+    return out
+
+
 def env_corpus(env: str, env_options: dict[str, Any]) -> Iterator[str]:
-    """Rendered expert episodes (chat template text) for every grammar and format the env offers."""
+    """Rendered expert episodes (chat template text) for every grammar and format the env offers, then the
+    env's names (`EnvSpec.vocabulary`)."""
     from transformers.utils.chat_template_utils import render_jinja_template  # ~0.5 s: as the builders below
 
     spec = get_env_spec(env)
     template = trl_chat_template(CHAT_TEMPLATE)
     split = "train" if "train" in spec.splits else spec.splits[0]
-    tasks = load_tasks(env, split, limit=CORPUS_TASKS)
+    tasks = load_tasks(env, split, limit=CORPUS_TASKS, **env_options)
     for variant in _variants(spec, env_options):
         trajs = run_episodes(ExpertPolicy(), lambda variant=variant: make_env(env, **variant), tasks, 1)
         for traj in trajs:

@@ -9,6 +9,7 @@ from a model's.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -74,9 +75,17 @@ class Prompt:
         return (self.task.id, self.sample)
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""The error code of an HTTP 400 that refuses a prompt for the model's context (OpenAI's API, `turnforge serve`)."""
+CONTEXT_LENGTH = "context_length"
+"""The finish reason of a prompt refused for the model's context (`context_refusal`): nothing was generated, the
+text is the refusal, and the rollout ends the episode with StopReason.max_tokens."""
+
+
 @dataclass
 class Generation:
-    """One reply. `finish_reason`: "stop", "length" (hit max_new_tokens) or "exhausted" (nothing left to say)."""
+    """One reply. `finish_reason`: "stop", "length" (hit max_new_tokens), "exhausted" (nothing left to say) or
+    "context_length" (`CONTEXT_LENGTH`: the prompt was refused, `text` says why)."""
 
     text: str
     ids: list[int] = field(default_factory=list)
@@ -119,3 +128,48 @@ def prompt_ids(prompt: Prompt, renderer: ChatRenderer) -> list[int]:
     if prompt.ids is not None:
         return list(prompt.ids)
     return renderer.prompt_ids(window_messages(prompt.messages, renderer.window), prompt.tools)
+
+
+def context_refusal(prompt_tokens: int, max_new_tokens: int, max_context: int | None) -> str | None:
+    """Every backend's rule for a prompt too long for its model: None when the prompt and a whole reply of
+    `max_new_tokens` fit in the model's `max_context` positions (None or 0: unknown, nothing to check), else the one
+    line that says why not.
+
+    The rule of vLLM's OpenAI server (and OpenAI's API): the prompt must leave room for the longest reply asked
+    for, so a reply is never cut by the context instead of by max_new_tokens. Past its context a model reads
+    positions it never trained on (RoPE) or that do not exist (learned position embeddings: an index error), and
+    cutting the prompt instead would silently drop what the agent was told.
+
+    >>> context_refusal(4000, 96, 4096) is None
+    True
+    >>> context_refusal(4001, 96, 4096)
+    "This model's maximum context length is 4096 tokens; the messages take 4001 and max_tokens is 96"
+    """
+    if not max_context or prompt_tokens + max_new_tokens <= max_context:
+        return None
+    return (f"This model's maximum context length is {max_context} tokens; the messages take {prompt_tokens} and "
+            f"max_tokens is {max_new_tokens}")
+
+
+def refuse_overlong(ids: list[list[int]], max_new_tokens: int, max_context: int | None) -> dict[int, Generation]:
+    """The prompts (by index in `ids`) that `context_refusal` refuses, each with its refused Generation; the
+    in-process backends (hf, vllm) generate for the others only. Each refusal is also a warning: one line for
+    whoever runs the episodes, whose summaries count them as stop reason max_tokens."""
+    refused = {}
+    for i, row in enumerate(ids):
+        message = context_refusal(len(row), max_new_tokens, max_context)
+        if message is not None:
+            refused[i] = refused_generation(message)
+    return refused
+
+
+def refused_generation(message: str) -> Generation:
+    """The reply to a prompt refused for the model's context (by this process, or by a server: HTTP 400
+    `context_length_exceeded`), and a warning with the refusal for whoever runs the episodes."""
+    warnings.warn(f"{message}: the episode ends (stop reason max_tokens)", RuntimeWarning, stacklevel=3)
+    return Generation(text=message, finish_reason=CONTEXT_LENGTH)
+
+
+def model_context(config) -> int | None:
+    """A transformers model config's context length (`max_position_embeddings`), None when it does not say."""
+    return int(getattr(config, "max_position_embeddings", 0) or 0) or None

@@ -35,7 +35,15 @@ from transformers import (
 from turnforge.models.attention import cpu_gqa
 from turnforge.models.chat import ChatTemplateRenderer
 from turnforge.models.loading import load_model
-from turnforge.policies.base import Generation, Prompt, SamplingParams, explores, prompt_ids
+from turnforge.policies.base import (
+    Generation,
+    Prompt,
+    SamplingParams,
+    explores,
+    model_context,
+    prompt_ids,
+    refuse_overlong,
+)
 from turnforge.policies.prefix_cache import Entry, PrefixCache, batch_cache, batch_layout, gather_rows
 
 # Generation settings the model's own generation_config.json must not slip in (HF fills unset fields from it,
@@ -94,6 +102,7 @@ class HFPolicy:
         extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.stop_ids = sorted({self.tokenizer.eos_token_id, *extra})
         self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_cache else None
+        self.max_context = model_context(self.model.config)
 
     @property
     def device(self) -> torch.device:
@@ -102,9 +111,13 @@ class HFPolicy:
     @torch.inference_mode()
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding), the
-        prompts encoded afresh apart from those that extend their episode's cached prefix."""
+        prompts encoded afresh apart from those that extend their episode's cached prefix. A prompt with no room
+        for `max_new_tokens` in the model's context is refused (`refuse_overlong`), never cut or run past it."""
         _check_params(params)
         ids = [prompt_ids(p, self.renderer) for p in prompts]
+        out: list[Generation | None] = [None] * len(ids)
+        for i, refusal in refuse_overlong(ids, params.max_new_tokens, self.max_context).items():
+            out[i] = refusal
         # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
         keys = [p.episode if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
         seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
@@ -112,9 +125,9 @@ class HFPolicy:
         # Episodes that go on from their cached keys/values run apart from prompts encoded afresh: in one batch every
         # row would be padded to a fresh prompt's whole length (in a rollout, a new episode joining old ones).
         cached = [self.prefix_cache.cached_length(key, row) if key is not None else 0 for key, row in zip(keys, ids, strict=True)]
-        out: list[Generation | None] = [None] * len(ids)
         for fresh in (True, False):
-            order = sorted((i for i in range(len(ids)) if (cached[i] == 0) is fresh), key=lambda i: len(ids[i]))
+            left = (i for i in range(len(ids)) if out[i] is None and (cached[i] == 0) is fresh)
+            order = sorted(left, key=lambda i: len(ids[i]))
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 batch = self._generate_batch(

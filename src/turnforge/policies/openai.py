@@ -37,7 +37,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from turnforge.policies.base import BackendError, Generation, Prompt, SamplingParams, explores
+from turnforge.policies.base import (
+    CONTEXT_LENGTH_EXCEEDED,
+    BackendError,
+    Generation,
+    Prompt,
+    SamplingParams,
+    explores,
+    refused_generation,
+)
 from turnforge.types import Message, ToolCall
 
 # vLLM's extension parameters (also read by `turnforge serve`); hosted APIs refuse unknown ones with a 400.
@@ -123,7 +131,10 @@ class OpenAIPolicy:
             body["stop"] = list(params.stop)
         if tools and prompt.tools:
             body["tools"] = prompt.tools
-        data = self._post(body, params)
+        try:
+            data = self._post(body, params)
+        except _ContextRefused as e:  # the episode ends as an in-process backend's would (`refuse_overlong`)
+            return refused_generation(str(e))
         return self._generation(data, prompt)
 
     def _post(self, body: dict[str, Any], params: SamplingParams) -> dict[str, Any]:
@@ -191,6 +202,8 @@ class OpenAIPolicy:
         url, tries = self.base_url, f"after {self.max_retries + 1} attempts"
         if isinstance(e, openai.APIStatusError):
             detail = _server_message(e)
+            if e.status_code == 400 and _context_exceeded(e):
+                return _ContextRefused(f"{url}: {detail}", e.status_code)
             if e.status_code in _RETRY_STATUS:
                 return BackendError(f"{url} answered HTTP {e.status_code} {tries} ({detail}); "
                                     "the server is overloaded or failing: check it, or lower --concurrency", e.status_code)
@@ -233,6 +246,18 @@ class OpenAIPolicy:
         ids = [int(t) for t in choice.get("token_ids") or []]
         finish = choice.get("finish_reason") or "stop"
         return Generation(text=text, ids=ids, logprobs=logprobs, finish_reason="length" if finish == "length" else "stop")
+
+
+class _ContextRefused(BackendError):
+    """The server refused the prompt for the model's context: the episode ends, the run goes on."""
+
+
+def _context_exceeded(e) -> bool:
+    """Whether an HTTP 400 refuses the prompt for the model's context: OpenAI's and `turnforge serve`'s error code,
+    or vLLM's server's message (it gives no code)."""
+    body = e.body if isinstance(e.body, dict) else {}
+    error = body.get("error") if isinstance(body.get("error"), dict) else body
+    return error.get("code") == CONTEXT_LENGTH_EXCEEDED or "maximum context length" in _server_message(e)
 
 
 class _Malformed(Exception):

@@ -52,7 +52,13 @@ from starlette.exceptions import HTTPException
 
 from turnforge.formats.tool_call import ToolCallFormat
 from turnforge.models.chat import encode, render
-from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.base import (
+    CONTEXT_LENGTH_EXCEEDED,
+    Generation,
+    Prompt,
+    SamplingParams,
+    context_refusal,
+)
 from turnforge.policies.queue import Role, RoleQueues
 from turnforge.policies.reply_memory import Remembered, ReplyMemory
 from turnforge.policies.serve_stream import DONE, Choice, choice_chunks, role_chunk, sse
@@ -188,7 +194,7 @@ class ServedModel:
         if self.adapters:
             _load_adapters(self.hf, self.adapters)
         self.tokenizer = self.hf.tokenizer
-        self.max_context = int(getattr(self.hf.model.config, "max_position_embeddings", 0) or 0)
+        self.max_context = self.hf.max_context
         self.max_tokens_default = max_tokens_default
         self.memory = ReplyMemory(self.tokenizer.eos_token)
         self.eos_id = self.tokenizer.eos_token_id
@@ -311,9 +317,9 @@ def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
         raise APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
     ids, first_key = _prompt_ids(served, request.model, text)
     max_new = request.max_completion_tokens or request.max_tokens or served.max_tokens_default
-    if served.max_context and len(ids) + max_new > served.max_context:
-        raise APIError(400, f"This model's maximum context length is {served.max_context} tokens; the messages "
-                       f"take {len(ids)} and max_tokens is {max_new}", "messages", "context_length_exceeded")
+    refusal = context_refusal(len(ids), max_new, served.max_context)
+    if refusal is not None:  # as vLLM's server; the openai policy turns it back into the in-process refusal
+        raise APIError(400, refusal, "messages", CONTEXT_LENGTH_EXCEEDED)
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     params = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=max(request.top_k, 0),
                             max_new_tokens=max_new, stop=stop,

@@ -32,6 +32,7 @@ from turnforge.policies.base import (
     SamplingParams,
     explores,
     prompt_ids,
+    refuse_overlong,
 )
 from turnforge.policies.hf import _check_params, finish_generation
 
@@ -87,13 +88,21 @@ class VLLMPolicy:
         self.stop_ids = stop_ids_of(tokenizer, generation_config(llm.llm_engine.model_config.model))
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
-        """One reply per prompt, in order: the whole list is one `LLM.generate` call (vLLM schedules it)."""
+        """One reply per prompt, in order: the whole list is one `LLM.generate` call (vLLM schedules it), but for the
+        prompts with no room for `max_new_tokens` in the engine's max_model_len (`refuse_overlong`)."""
         _check_params(params)
         vllm = import_vllm()
-        inputs = [vllm.inputs.TokensPrompt(prompt_token_ids=prompt_ids(p, self.renderer)) for p in prompts]
-        sampling = [self._sampling(vllm, params, p) for p in prompts]
-        outputs = self.llm.generate(inputs, sampling, lora_request=self.lora, use_tqdm=False)
-        return [self._reply(out.outputs[0], params) for out in outputs]
+        ids = [prompt_ids(p, self.renderer) for p in prompts]
+        # vLLM's engine raises on a prompt past max_model_len (the whole call fails) and cuts a reply at it: refused
+        # here by the rule every backend shares instead.
+        out = refuse_overlong(ids, params.max_new_tokens, self.llm.llm_engine.model_config.max_model_len)
+        run = [i for i in range(len(ids)) if i not in out]
+        if run:
+            inputs = [vllm.inputs.TokensPrompt(prompt_token_ids=ids[i]) for i in run]
+            sampling = [self._sampling(vllm, params, prompts[i]) for i in run]
+            outputs = self.llm.generate(inputs, sampling, lora_request=self.lora, use_tqdm=False)
+            out |= {i: self._reply(o.outputs[0], params) for i, o in zip(run, outputs, strict=True)}
+        return [out[i] for i in range(len(ids))]
 
     def _sampling(self, vllm, params: SamplingParams, prompt: Prompt):
         return vllm.SamplingParams(

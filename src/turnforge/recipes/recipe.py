@@ -41,6 +41,10 @@ class Recipe:
             return name, over
         return name, {**self.env_options(), **over}
 
+    def envs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(env name, options) of [env] and of every stage that plays its own: what a tiny model is built for."""
+        return [(self.env.name, self.env_options()), *(self.stage_env(stage) for stage in self.stages)]
+
     def model_source(self, index: int) -> str | None:
         """Id of the stage whose model stage `index` uses, or None for the base model ([model])."""
         stage = self.stages[index]

@@ -41,10 +41,11 @@ class RunContext:
         return self.models[stage_id]
 
     def base_model(self) -> ModelRef:
-        """[model] name, resolved once: "tiny" is built into OUT/models/tiny (no download), others pass through."""
+        """[model] name, resolved once: "tiny" is built into OUT/models/tiny (no download) for the recipe's envs,
+        others pass through."""
         if self._base is None:
             started = time.perf_counter()
-            self._base = ModelRef(resolve_model(self.recipe.model.name, self.out_dir / MODELS_DIR))
+            self._base = ModelRef(resolve_model(self.recipe.model.name, self.out_dir / MODELS_DIR, self.recipe.envs()))
             self.base_build_s = time.perf_counter() - started
         return self._base
 

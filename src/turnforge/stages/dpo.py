@@ -168,7 +168,7 @@ def _teacher_policy(stage: _DPOStage, ctx: RunContext) -> Policy | None:
         return None
     spec = PolicySpec.parse(stage.teacher)
     if spec.kind in ("hf", "vllm") and spec.target:
-        spec = replace(spec, target=resolve_model(spec.target, ctx.out_dir / MODELS_DIR))
+        spec = replace(spec, target=resolve_model(spec.target, ctx.out_dir / MODELS_DIR, ctx.recipe.envs()))
     options = {"device": ctx.recipe.model.device, "dtype": ctx.recipe.model.dtype} if spec.kind == "hf" else {}
     return make_policy(spec.text, **options)
 

@@ -620,7 +620,7 @@ def run_grpo(
     if not tasks:
         raise ValueError("grpo: no training tasks (check the stage's split, tasks and filters)")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
-    path = resolve_model(model, out_dir / "cache")
+    path = resolve_model(model, out_dir / "cache", [(env_name, env_options)])
     lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu", adapter=adapter)
     if adapter is not None:
         lm = lm.merge_and_unload()  # a start model saved as an adapter: its weights become the policy's own

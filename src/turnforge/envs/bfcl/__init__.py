@@ -12,7 +12,15 @@ dependencies, plus mpmath); without it the env is listed but building or loading
 from __future__ import annotations
 
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
-from turnforge.envs.bfcl.data import CATEGORIES, PINNED_VERSION, SPLITS, load_category, split_ids
+from turnforge.envs.bfcl.data import (
+    CATEGORIES,
+    FUNC_DOC_FILES,
+    PINNED_VERSION,
+    SPLITS,
+    function_docs,
+    load_category,
+    split_ids,
+)
 from turnforge.types import Task
 
 __all__ = ["CATEGORIES", "load_tasks", "make_bfcl_env"]
@@ -45,6 +53,14 @@ def make_bfcl_env(**options):
     return BfclEnv(**options)
 
 
+def vocabulary(options: dict) -> list[str]:
+    """The function names of every BFCL class (`ls`, `get_stock_info`, `book_flight`...): the words of the tool
+    schemas, whole tokens in a tokenizer trained on the env (the tiny model's), also those of classes that no
+    sampled entry involves."""
+    version = options.get("version", PINNED_VERSION)
+    return sorted({doc["name"] for cls in FUNC_DOC_FILES for doc in function_docs(cls, version)})
+
+
 SPEC = register_env(
     EnvSpec(
         name="bfcl",
@@ -53,6 +69,8 @@ SPEC = register_env(
         load_tasks=load_tasks,
         categories=CATEGORIES,
         splits=SPLITS,
+        vocabulary=vocabulary,
+        corpus_options=("format", "category", "version"),
         options=[
             EnvOption("category", str, "all", "BFCL category, or all four", (*CATEGORIES, "all")),
             EnvOption("format", str, "tool_call", "tool_call (Qwen3 <tool_call> JSON) or bfcl_python ([f(a=1)])",

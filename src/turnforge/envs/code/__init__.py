@@ -45,6 +45,7 @@ SPEC = register_env(
         categories=CATEGORIES,
         splits=SPLITS,
         env_metrics=code_metrics,
+        corpus_options=("data", "generate", "seed"),
         options=[
             EnvOption("format", str, "tool_call", "Hermes <tool_call> JSON (the seed's multi_turn.format=hermes)",
                       ("tool_call",)),

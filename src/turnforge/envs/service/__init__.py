@@ -16,7 +16,10 @@ the user role also gets the customer's device tools (envs/service/telecom/).
 
 from __future__ import annotations
 
+import typing
 from typing import Any
+
+from pydantic import BaseModel
 
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.service.domain import ENV_NAME, domain_names, load_domain
@@ -59,6 +62,34 @@ def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tupl
     return roles
 
 
+def vocabulary(options: dict[str, Any]) -> list[str]:
+    """The domain's tool names and its DB's field names (`get_order_details`, `payment_method_id`): the words
+    of every tool schema and tool result, whole tokens in a tokenizer trained on the domain (the tiny model's)."""
+    domain = load_domain(options.get("domain", "desk"), options.get("data_dir", ""), options.get("tasks", ""))
+    return sorted({*domain.tool_kinds(), *field_names(domain.kind.db_model)})
+
+
+def field_names(model: type[BaseModel]) -> set[str]:
+    """The field names of a pydantic model and of the models its fields hold (in dicts, lists, unions)."""
+    names: set[str] = set()
+    todo, seen = [model], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name, info in current.model_fields.items():
+            names.add(info.alias or name)
+            todo += _models_in(info.annotation)
+    return names
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
 SERVICE_SPEC = register_env(
     EnvSpec(
         name=ENV_NAME,
@@ -71,6 +102,8 @@ SERVICE_SPEC = register_env(
         splits=SPLITS,
         env_metrics=service_metrics,
         model_roles=model_roles,
+        vocabulary=vocabulary,
+        corpus_options=("domain", "data_dir", "tasks"),
         options=[
             EnvOption("domain", str, "desk", "retail, airline, telecom (need data_dir) or desk (built in)", domain_names()),
             EnvOption("data_dir", str, "", "a tau2 domain folder: db.json or db.toml, policy.md (telecom: "

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from turnforge.envs.service.evaluation import action_matches, actions_done_in_order
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
-from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.base import CONTEXT_LENGTH, Generation, Prompt, SamplingParams
 from turnforge.types import Message, ToolCall, json_records
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
@@ -146,6 +146,8 @@ class ModelUser:
         self.tokens += len(gen.ids)
         if gen.finish_reason == "exhausted":  # a replayed user with nothing left: the recorded user ended here
             return Message("user", STOP)
+        if gen.finish_reason == CONTEXT_LENGTH:  # the user model's context is full: its text is the refusal
+            return None
         if self.tools and self.format is not None:
             parsed = self.format.parse(gen.text)
             if isinstance(parsed, FormatError):

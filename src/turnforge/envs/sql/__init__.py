@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
-from turnforge.envs.sql.data import CATEGORIES, load_dbbench
+from turnforge.envs.sql.data import CATEGORIES, Table, load_dbbench
 from turnforge.envs.sql.env import FORMATS, SqlEnv
-from turnforge.envs.sql.generator import GENERATED_CATEGORIES, SPLITS, generate_tasks
+from turnforge.envs.sql.generator import GENERATED_CATEGORIES, SPLITS, TEMPLATES, generate_tasks
 from turnforge.envs.sql.metrics import agentbench_accuracies
 from turnforge.types import Task
 
@@ -26,6 +26,29 @@ _EPISODE_OPTIONS = [
               "statement timeout on MariaDB/MySQL/PostgreSQL", at_least=0.01),
     EnvOption("hints", bool, False, "answer an unparsable reply with a correction instead of ending the episode"),
 ]
+
+
+# What a model writes in DBBench's SQL (AgentBench's gold statements use these) but the expert never does: it reads
+# the table with one `SELECT *` and answers. A tokenizer trained on the env's text (the tiny model's) gets each whole.
+SQL_KEYWORDS = (
+    "SELECT", "FROM", "WHERE", "AND", "OR", "NOT", "NULL", "IS", "IN", "LIKE", "BETWEEN", "AS", "DISTINCT",
+    "COUNT", "SUM", "AVG", "MIN", "MAX", "GROUP BY", "ORDER BY", "HAVING", "ASC", "DESC", "LIMIT", "JOIN", "ON",
+    "INSERT INTO", "VALUES", "UPDATE", "SET", "DELETE",
+)
+# The options that choose an SQL env's text: its format, as the defaults sample only `tool_call` (models/tiny.py).
+_CORPUS_OPTIONS = ("format",)
+
+
+def dbbench_vocabulary(options: dict) -> list[str]:
+    """SQL keywords and every table and column name of the data file."""
+    tables = [Table.from_dict(t.data["table"]) for t in load_dbbench(options.get("data", ""), "test")]
+    return [*SQL_KEYWORDS, *sorted({n for t in tables for n in (t.name, *t.columns)})]
+
+
+def generated_vocabulary(_options: dict) -> list[str]:
+    """SQL keywords and every table, column and value name the generator uses."""
+    names = {n for t in TEMPLATES for n in (*t.names, t.key, *t.key_values, t.group, *t.group_values)}
+    return [*SQL_KEYWORDS, *sorted(names | {column for t in TEMPLATES for column, _, _ in t.numbers})]
 
 
 def load_dbbench_tasks(split: str, limit: int | None = None, data: str = "", **_episode_options) -> list[Task]:
@@ -48,6 +71,8 @@ DBBENCH_SPEC = register_env(
         categories=CATEGORIES,
         splits=("test", "dev", "train"),
         env_metrics=agentbench_accuracies,
+        vocabulary=dbbench_vocabulary,
+        corpus_options=(*_CORPUS_OPTIONS, "data"),
         options=[EnvOption("data", str, "", "DBBench JSONL file (AgentBench data/dbbench/*.jsonl)"), *_EPISODE_OPTIONS],
     )
 )
@@ -79,6 +104,8 @@ SQL_SPEC = register_env(
         categories=GENERATED_CATEGORIES,
         splits=SPLITS,
         env_metrics=agentbench_accuracies,
+        vocabulary=generated_vocabulary,
+        corpus_options=(*_CORPUS_OPTIONS, "generate", "seed"),
         options=[
             EnvOption("generate", int, 200, "number of generated tasks in the split", at_least=1),
             EnvOption("seed", int, 0, "generator seed"),

@@ -1,0 +1,42 @@
+"""The vllm policy with a stand-in engine (no GPU, no vLLM): what it hands the engine."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from transformers import AutoTokenizer
+
+from turnforge.policies.base import CONTEXT_LENGTH, Prompt, SamplingParams
+from turnforge.policies.vllm import VLLMPolicy
+from turnforge.types import Task
+
+
+class StandInLLM:
+    """`vllm.LLM`'s surface the policy uses: its engine's max_model_len and model, and `generate` (an empty reply
+    but the end-of-turn token), which records the prompts it was given."""
+
+    def __init__(self, model: str, max_model_len: int, eos: int):
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=max_model_len, model=model))
+        self.eos, self.prompts = eos, []
+
+    def generate(self, inputs, sampling, **_):
+        self.prompts += [i["prompt_token_ids"] for i in inputs]
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[self.eos], logprobs=None)]) for _ in inputs]
+
+
+def test_a_prompt_past_max_model_len_is_refused_before_the_engine(tiny_model_dir, monkeypatch):
+    """Issue 40 (9): vLLM's engine raises on a prompt past max_model_len (every episode of the call fails with it)
+    and cuts a reply at it; the policy refuses such a prompt by the rule every backend shares (`context_refusal`)."""
+    fake = SimpleNamespace(inputs=SimpleNamespace(TokensPrompt=lambda prompt_token_ids: {"prompt_token_ids":
+                                                                                         prompt_token_ids}),
+                           SamplingParams=lambda **kw: kw)
+    monkeypatch.setattr("turnforge.policies.vllm.import_vllm", lambda: fake)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    llm = StandInLLM(str(tiny_model_dir), max_model_len=50, eos=tokenizer.eos_token_id)
+    policy = VLLMPolicy.from_llm(llm, tokenizer)
+    task = Task("t", "household", "test", "c")
+    short, long = (Prompt(messages=[], task=task, sample=s, turn=0, ids=[7] * n) for s, n in ((0, 42), (1, 43)))
+    with pytest.warns(RuntimeWarning, match="maximum context length is 50 tokens; the messages take 43 and max_tokens is 8"):
+        replies = policy.generate([long, short], SamplingParams(max_new_tokens=8))
+    assert [r.finish_reason for r in replies] == [CONTEXT_LENGTH, "stop"] and llm.prompts == [[7] * 42]
