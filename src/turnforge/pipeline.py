@@ -44,11 +44,19 @@ from turnforge.eval.card import write_final_card
 from turnforge.eval.report import comparison_table, write_report
 from turnforge.machine import machine_info
 from turnforge.recipes import Recipe, load_recipe
-from turnforge.rundir import CONFIG_FILE, DONE_FILE, STAGE_FILE, SUMMARY_FILE, check_out_dir, locked
+from turnforge.rundir import (
+    CONFIG_FILE,
+    DONE_FILE,
+    STAGE_FILE,
+    STAGES_DIR,
+    SUMMARY_FILE,
+    check_out_dir,
+    check_owner,
+    locked,
+)
 from turnforge.scale.processes import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
 from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
-from turnforge.stages.context import STAGES_DIR
 
 
 @dataclass
@@ -82,10 +90,11 @@ def run_recipe(
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     out = Path(out_dir)
     check_out_dir(out)
+    check_owner(out, "recipe")  # an eval's folder is refused before anything is planned or written
     plans = plan_stages(recipe, out)
     if restart_from is None:
         check_resumable(plans)  # before the folder is made: a refused run leaves nothing behind
-    with locked(out):  # one process per run dir (a restart deletes stage folders: under the lock too)
+    with locked(out, "recipe"):  # one process per run dir (a restart deletes stage folders: under the lock too)
         if restart_from is not None:
             main_process_result(lambda: restart(plans, restart_from, out, console))
             check_resumable(plans)
