@@ -163,3 +163,15 @@ def test_report_and_card_of_an_eval_directory_say_which_command_reads_it(eval_ru
 def test_view_of_an_eval_directory_browses_its_episodes(eval_run):
     result = runner.invoke(app, ["view", str(eval_run)])
     assert result.exit_code == 0 and "2 episodes in 1 files" in result.output, result.output
+
+
+def test_a_comparison_is_not_written_over_a_run(recipe_run, eval_run, tmp_path):
+    """`report --compare --out` onto a run replaced that run's report.md with the comparison."""
+    before = _files(recipe_run)
+    result = runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(recipe_run)])
+    _one_clear_line(result, "turnforge run", "another --out")
+    assert _files(recipe_run) == before
+    compare = tmp_path / "compare"
+    assert runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(compare)]).exit_code == 0
+    assert runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(compare)]).exit_code == 0
+    _one_clear_line(_eval(compare), "turnforge report --compare", "another --out")

@@ -2,8 +2,9 @@
 reads it back.
 
 A run directory belongs to the kind of command that made it: `OWNER_FILE` says which ("recipe": `turnforge run`
-and `quickstart`; "eval": `turnforge eval`, and the folders of a recipe's rollout stages). Another kind is refused
-before it writes anything, so that an eval never overwrites a recipe run's summary.json, nor the other way round.
+and `quickstart`; "eval": `turnforge eval`, and the folders of a recipe's rollout stages; "compare": `turnforge
+report --compare`). Another kind is refused before it writes anything, so that an eval never overwrites a recipe
+run's summary.json, nor the other way round, nor a comparison a run's report.
 A folder of an older version, without the record, is recognised by its files.
 
 A run directory is used by one process at a time (design.md §7): `with locked(out, kind):` holds `OUT/.lock`.
@@ -37,7 +38,11 @@ SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"  # an eval's identity (eval/runner.py)
 EPISODES_FILE = "episodes.jsonl"
 TRAINING_KINDS = ("sft", "rft", "dpo", "grpo", "envtune")
-OWNERS = {"recipe": "`turnforge run` (or `quickstart`)", "eval": "`turnforge eval`"}
+OWNERS = {
+    "recipe": "`turnforge run` (or `quickstart`)",
+    "eval": "`turnforge eval`",
+    "compare": "`turnforge report --compare`",
+}
 """Owner kind -> the command that writes such a run directory, as messages name it."""
 
 
@@ -67,10 +72,7 @@ def check_owner(out: Path, kind: str) -> None:
     """Refuse (ValueError) an `out` that another kind of command made: it would overwrite that run's files."""
     owner = owner_of(out)
     if owner is not None and owner != kind:
-        raise ValueError(
-            f"{out} holds a {OWNERS[owner]} run, and {OWNERS[kind]} would overwrite its {SUMMARY_FILE}; "
-            "give another --out"
-        )
+        raise ValueError(f"{out} holds the results of {OWNERS[owner]}, which {OWNERS[kind]} would overwrite; give another --out")
 
 
 @contextmanager
@@ -108,9 +110,14 @@ def _acquire(out: Path, kind: str):
     handle.truncate()
     handle.write(f"turnforge pid {os.getpid()}\n")
     handle.flush()
+    claim(out, kind)
+    return handle
+
+
+def claim(out: Path, kind: str) -> None:
+    """Record `kind` as the owner of the existing folder `out` (checked with `check_owner` first)."""
     if not (out / OWNER_FILE).exists():
         (out / OWNER_FILE).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
-    return handle
 
 
 @dataclass

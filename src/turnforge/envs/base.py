@@ -99,8 +99,9 @@ class SupportsNearMisses(Protocol):
 
 
 MAX_GENERATED = 100_000
-"""The most tasks a generated split (`generate=N`) may have: its tasks are built in memory (1-3 KB each, about
-0.5 ms for a SQL task), so a slip such as generate=1000000000 is refused instead of filling memory for hours."""
+"""The most tasks a generated split (`generate=N`) may have: its tasks are built in memory (1-3 KB each; 100,000
+SQL tasks took ~3 min on 2 busy cores), so a slip such as generate=1000000000 is refused instead of filling memory
+for days."""
 
 
 @dataclass
