@@ -99,6 +99,7 @@ def run_recipe(
     with locked(out, "recipe"):  # one process per run dir (a restart deletes stage folders: under the lock too)
         if restart_from is not None:
             main_process_result(lambda: restart(plans, restart_from, out, console))
+            check_task_counts(recipe, plans)  # the restarted stages too
             check_resumable(plans)
         _warn_foreign_folders(plans, out, console)
         return _run_plans(recipe, plans, out, console)
