@@ -160,8 +160,8 @@ def read_run(run_dir: str | Path) -> RunFiles:
     summary_file = run_dir / SUMMARY_FILE
     if owner_of(run_dir) == "eval":
         raise ValueError(
-            f"{run_dir} holds a {OWNERS['eval']} run (its {SUMMARY_FILE} is printed by that command); "
-            f"give the --out of a {OWNERS['recipe']} run"
+            f"{run_dir} holds the results of {OWNERS['eval']} (which printed them), not of a recipe run; "
+            f"give the --out of {OWNERS['recipe']}"
         )
     if not summary_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(
@@ -200,9 +200,9 @@ def run_summary_problem(summary: Any) -> str | None:
         if not isinstance(summary[table], dict):
             return f"{table!r} is not an object"
         for name, entry in summary[table].items():
-            lacking = [key for key in keys if key not in entry] if isinstance(entry, dict) else ["any key"]
+            lacking = [key for key in keys if key not in entry] if isinstance(entry, dict) else list(keys)
             if lacking:
                 return f"{table}.{name} has no {', '.join(map(repr, lacking))}"
-        if table == "stages" and any(not isinstance(e["result"], dict) for e in summary[table].values()):
-            return "a stage's 'result' is not an object"
+            if table == "stages" and not isinstance(entry["result"], dict):
+                return f"stages.{name}.result is not an object"
     return None
