@@ -40,15 +40,24 @@ from typing import Any
 
 from rich.console import Console
 
+from turnforge.envs.base import check_task_count
 from turnforge.eval.card import write_final_card
 from turnforge.eval.report import comparison_table, write_report
 from turnforge.machine import machine_info
 from turnforge.recipes import Recipe, load_recipe
-from turnforge.rundir import CONFIG_FILE, DONE_FILE, STAGE_FILE, SUMMARY_FILE, check_out_dir, locked
+from turnforge.rundir import (
+    CONFIG_FILE,
+    DONE_FILE,
+    STAGE_FILE,
+    STAGES_DIR,
+    SUMMARY_FILE,
+    check_out_dir,
+    check_owner,
+    locked,
+)
 from turnforge.scale.processes import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
 from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
-from turnforge.stages.context import STAGES_DIR
 
 
 @dataclass
@@ -82,12 +91,15 @@ def run_recipe(
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     out = Path(out_dir)
     check_out_dir(out)
+    check_owner(out, "recipe")  # an eval's folder is refused before anything is planned or written
     plans = plan_stages(recipe, out)
+    check_task_counts(recipe, plans)
     if restart_from is None:
         check_resumable(plans)  # before the folder is made: a refused run leaves nothing behind
-    with locked(out):  # one process per run dir (a restart deletes stage folders: under the lock too)
+    with locked(out, "recipe"):  # one process per run dir (a restart deletes stage folders: under the lock too)
         if restart_from is not None:
             main_process_result(lambda: restart(plans, restart_from, out, console))
+            check_task_counts(recipe, plans)  # the restarted stages too
             check_resumable(plans)
         _warn_foreign_folders(plans, out, console)
         return _run_plans(recipe, plans, out, console)
@@ -152,6 +164,19 @@ def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str
             reads.append(source)
     inputs["reads"] = {source: hashes[source] for source in reads}
     return inputs
+
+
+def check_task_counts(recipe: Recipe, plans: list[StagePlan]) -> None:
+    """Refuse a stage's `tasks` beyond its split before any stage runs (a finished stage is not asked again)."""
+    for plan in plans:
+        limit = getattr(plan.stage, "tasks", None)
+        if limit is None or not isinstance(plan.stage, PlaysEnv) or (plan.dir / DONE_FILE).exists():
+            continue
+        name, options = recipe.stage_env(plan.stage)
+        try:
+            check_task_count(name, plan.stage.split, limit, **options)
+        except ValueError as e:
+            raise ValueError(f"stage {plan.stage.id}: {e}") from None
 
 
 def check_resumable(plans: list[StagePlan]) -> None:

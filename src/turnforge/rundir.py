@@ -1,6 +1,13 @@
-"""The run directory: its file names, the one process that uses it at a time, and `read_run` for what reads it back.
+"""The run directory: its file names, its owner, the one process that uses it at a time, and `read_run` for what
+reads it back.
 
-A run directory is used by one process at a time (design.md §7): `with locked(out):` holds `OUT/.lock`.
+A run directory belongs to the kind of command that made it: `OWNER_FILE` says which ("recipe": `turnforge run`
+and `quickstart`; "eval": `turnforge eval`, and the folders of a recipe's rollout stages; "compare": `turnforge
+report --compare`). Another kind is refused before it writes anything, so that an eval never overwrites a recipe
+run's summary.json, nor the other way round, nor a comparison a run's report.
+A folder of an older version, without the record, is recognised by its files.
+
+A run directory is used by one process at a time (design.md §7): `with locked(out, kind):` holds `OUT/.lock`.
 
 The lock is an advisory `flock` on that file, so the operating system drops it when its process dies: a lock
 left by a killed run is simply taken over by the next one, with nothing to clean up. The file says which
@@ -22,11 +29,21 @@ from typing import Any
 from turnforge.scale.processes import main_process_result
 
 LOCK_FILE = ".lock"
+OWNER_FILE = "owner.json"
 CONFIG_FILE = "config.toml"
+STAGES_DIR = "stages"
 STAGE_FILE = "stage.json"
 DONE_FILE = "done.json"
 SUMMARY_FILE = "summary.json"
+RUN_FILE = "run.json"  # an eval's identity (eval/runner.py)
+EPISODES_FILE = "episodes.jsonl"
 TRAINING_KINDS = ("sft", "rft", "dpo", "grpo", "envtune")
+OWNERS = {
+    "recipe": "`turnforge run` (or `quickstart`)",
+    "eval": "`turnforge eval`",
+    "compare": "`turnforge report --compare`",
+}
+"""Owner kind -> the command that writes such a run directory, as messages name it."""
 
 
 def check_out_dir(out: Path) -> None:
@@ -35,13 +52,37 @@ def check_out_dir(out: Path) -> None:
         raise ValueError(f"--out {out} is a file, not a folder; give a folder for the run's results")
 
 
+def owner_of(out: Path) -> str | None:
+    """The kind of command `out` belongs to ("recipe" or "eval"), or None for a new or foreign folder."""
+    try:
+        kind = json.loads((out / OWNER_FILE).read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind in OWNERS:
+        return kind
+    # An older version wrote no owner record: its files say whose the folder is.
+    if (out / CONFIG_FILE).is_file() or (out / STAGES_DIR).is_dir():
+        return "recipe"
+    if (out / RUN_FILE).is_file() or (out / EPISODES_FILE).is_file():
+        return "eval"
+    return None
+
+
+def check_owner(out: Path, kind: str) -> None:
+    """Refuse (ValueError) an `out` that another kind of command made: it would overwrite that run's files."""
+    owner = owner_of(out)
+    if owner is not None and owner != kind:
+        raise ValueError(f"{out} holds the results of {OWNERS[owner]}, which {OWNERS[kind]} would overwrite; give another --out")
+
+
 @contextmanager
-def locked(out: str | Path) -> Iterator[Path]:
-    """Create `out` if needed and hold its lock; a second process fails at once, saying who holds it."""
+def locked(out: str | Path, kind: str) -> Iterator[Path]:
+    """Create `out` if needed, hold its lock and record `kind` as its owner; a second process fails at once, saying
+    who holds it, and a folder of another kind of command is refused before anything is written in it."""
     out = Path(out)
     check_out_dir(out)
     held: list = []
-    main_process_result(lambda: held.append(_acquire(out)))  # the other launched processes hold nothing
+    main_process_result(lambda: held.append(_acquire(out, kind)))  # the other launched processes hold nothing
     try:
         yield out
     finally:
@@ -50,8 +91,10 @@ def locked(out: str | Path) -> Iterator[Path]:
             handle.close()
 
 
-def _acquire(out: Path):
-    """The open, flock-ed lock file of `out` (a ValueError naming the holder when another process has it)."""
+def _acquire(out: Path, kind: str):
+    """The open, flock-ed lock file of `out` (a ValueError naming the holder when another process has it, or the
+    command that owns `out` when it is another kind)."""
+    check_owner(out, kind)  # checked here, just before the folder is made: the callers also check it early
     out.mkdir(parents=True, exist_ok=True)
     handle = (out / LOCK_FILE).open("a+", encoding="utf-8")
     try:
@@ -67,7 +110,14 @@ def _acquire(out: Path):
     handle.truncate()
     handle.write(f"turnforge pid {os.getpid()}\n")
     handle.flush()
+    claim(out, kind)
     return handle
+
+
+def claim(out: Path, kind: str) -> None:
+    """Record `kind` as the owner of the existing folder `out` (checked with `check_owner` first)."""
+    if not (out / OWNER_FILE).exists():
+        (out / OWNER_FILE).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
 
 
 @dataclass
@@ -104,13 +154,55 @@ class RunFiles:
 
 
 def read_run(run_dir: str | Path) -> RunFiles:
-    """The run directory `run_dir` (summary.json + config.toml); a clear error when it is none."""
+    """The run directory `run_dir` (summary.json + config.toml); a clear error (ValueError, FileNotFoundError) when
+    it is none, or when its summary.json is cut short, edited or another command's."""
     run_dir = Path(run_dir)
     summary_file = run_dir / SUMMARY_FILE
+    if owner_of(run_dir) == "eval":
+        raise ValueError(
+            f"{run_dir} holds the results of {OWNERS['eval']} (which printed them), not of a recipe run; "
+            f"give the --out of {OWNERS['recipe']}"
+        )
     if not summary_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(
             f"{run_dir} is not a finished run directory (no {SUMMARY_FILE} or {CONFIG_FILE}); "
             "give the --out of a `turnforge run`, or finish the run first"
         )
-    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    redo = f"re-run the `turnforge run` command that made {run_dir} to write it again"
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{summary_file} is not valid JSON ({e}): cut short or edited; {redo}") from None
+    problem = run_summary_problem(summary)
+    if problem:
+        raise ValueError(f"{summary_file} is no recipe run's summary: {problem}; {redo}")
     return RunFiles(run_dir, summary, (run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+
+
+RUN_SUMMARY_KEYS = ("recipe", "model", "eval", "stages")
+STAGE_KEYS = ("kind", "dir", "status", "wall_s", "result")
+EVAL_KEYS_READ = (
+    "env", "split", "policy", "samples_per_task", "n_episodes", "success", "success_ci", "pass@k", "pass^k",
+    "mean_reward", "mean_progress", "mean_turns", "stop_reasons", "by_category",
+)  # fmt: skip
+"""The keys of an evaluation's summary that the report and the model card read."""
+
+
+def run_summary_problem(summary: Any) -> str | None:
+    """What makes `summary` unreadable as a recipe run's summary.json (None when nothing does)."""
+    if not isinstance(summary, dict):
+        return f"it holds a JSON {type(summary).__name__}, not an object"
+    missing = [key for key in RUN_SUMMARY_KEYS if key not in summary]
+    if missing:
+        foreign = " (it is the summary of a `turnforge eval`)" if "n_episodes" in summary else ""
+        return f"it has no {', '.join(map(repr, missing))}{foreign}"
+    for table, keys in (("stages", STAGE_KEYS), ("eval", EVAL_KEYS_READ)):
+        if not isinstance(summary[table], dict):
+            return f"{table!r} is not an object"
+        for name, entry in summary[table].items():
+            lacking = [key for key in keys if key not in entry] if isinstance(entry, dict) else list(keys)
+            if lacking:
+                return f"{table}.{name} has no {', '.join(map(repr, lacking))}"
+            if table == "stages" and not isinstance(entry["result"], dict):
+                return f"stages.{name}.result is not an object"
+    return None

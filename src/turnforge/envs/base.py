@@ -98,6 +98,12 @@ class SupportsNearMisses(Protocol):
     def near_miss_actions(self) -> list[str]: ...
 
 
+MAX_GENERATED = 100_000
+"""The most tasks a generated split (`generate=N`) may have: its tasks are built in memory (1-3 KB each; 100,000
+SQL tasks took ~3 min on 2 busy cores), so a slip such as generate=1000000000 is refused instead of filling memory
+for days."""
+
+
 @dataclass
 class EnvOption:
     """One `--env-opt KEY=VALUE` an env family accepts."""
@@ -129,6 +135,9 @@ class EnvSpec:
     """Model roles the env's options ask for (e.g. `user=hf:PATH`): (options, agent policy spec) -> {role:
     (policy spec, or a ready scripted policy; sampling overrides)}. The eval runner builds the policies and
     passes them as `roles=` (eval/runner.py `env_roles`); the env never builds a model."""
+    split_size: Callable[[str, dict[str, Any]], int | None] | None = None
+    """(split, options) -> how many tasks the split has, when known without building them (generated splits): a
+    count beyond it is refused before any task is built. Without it (or None) the loaded tasks are counted."""
     vocabulary: Callable[[dict[str, Any]], list[str]] | None = None
     """Names the env's text can hold (e.g. household's "cabinet 7"), for its options: a tokenizer trained on the
     env's text (the tiny model's, `models/tiny.py`) gets each as one token, also those no sample of episodes shows."""
@@ -207,13 +216,46 @@ def make_env(name: str, **options: Any) -> Env:
 
 
 def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) -> list[Task]:
-    """The first `limit` tasks (all when None) of env `name`'s `split`, in a stable order."""
+    """The first `limit` tasks (all when None) of env `name`'s `split`, in a stable order; a `limit` beyond the
+    split is an error naming its size (a generated split's before any task is built)."""
+    spec = _spec_with_split(name, split)
+    if limit is not None and limit < 1:
+        raise ValueError(f"the number of tasks must be at least 1, got {limit}")
+    options = spec.coerce_options(options)
+    known = spec.split_size(split, options) if spec.split_size else None
+    if limit is not None and known is not None and limit > known:
+        raise ValueError(_beyond_split(name, split, known, limit))
+    tasks = spec.load_tasks(split, limit=limit, **options)[:limit]
+    if limit is not None and len(tasks) < limit:
+        raise ValueError(_beyond_split(name, split, len(tasks), limit))
+    return tasks
+
+
+def split_size(name: str, split: str, **options: Any) -> int:
+    """How many tasks env `name`'s `split` has (built and counted only when the env cannot tell without)."""
+    spec = _spec_with_split(name, split)
+    known = spec.split_size(split, spec.coerce_options(options)) if spec.split_size else None
+    return known if known is not None else len(load_tasks(name, split, **options))
+
+
+def check_task_count(name: str, split: str, limit: int, **options: Any) -> None:
+    """Refuse (ValueError) a count of tasks beyond the split, e.g. a recipe's, before anything runs."""
+    size = split_size(name, split, **options)
+    if limit > size:
+        raise ValueError(_beyond_split(name, split, size, limit))
+
+
+def _spec_with_split(name: str, split: str) -> EnvSpec:
     spec = get_env_spec(name)
     if spec.splits and split not in spec.splits:
         raise ValueError(f"env {name!r} has no split {split!r}; splits are: {', '.join(spec.splits)}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"the number of tasks must be at least 1, got {limit}")
-    return spec.load_tasks(split, limit=limit, **spec.coerce_options(options))[:limit]
+    return spec
+
+
+def _beyond_split(name: str, split: str, size: int, limit: int) -> str:
+    # A loader never invents tasks past its split: generated splits would otherwise grow without end.
+    return (f"env {name!r} split {split!r} has {size} tasks, and {limit} were asked for; ask for at most {size} "
+            "(--tasks, or a stage's tasks), or leave the count unset for the whole split")
 
 
 def tasks_of(trajectories: Iterable[Trajectory], name: str, **options: Any) -> dict[str, Task]:

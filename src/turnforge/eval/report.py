@@ -30,7 +30,7 @@ from rich.table import Table
 
 from turnforge.eval.curves import stage_curves
 from turnforge.eval.metrics import summarize
-from turnforge.rundir import RunFiles, read_run
+from turnforge.rundir import RunFiles, check_out_dir, check_owner, claim, read_run
 from turnforge.types import read_trajectories
 
 REPORT_FILE = "report.md"
@@ -346,7 +346,8 @@ def update_readme(readme: str | Path, run_dir: str | Path) -> Path:
 def write_comparison(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     """OUT/report.md + report.html: the evaluations of several runs side by side (`RUN:EVAL` columns)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out)
+    check_owner(out, "compare")  # a run's own report.md is not replaced by a comparison
     runs = [read_run(d) for d in run_dirs]
     names = [r.dir.resolve().name for r in runs]
     if len(set(names)) < len(names):  # two runs named alike: tell them apart by their full paths
@@ -361,6 +362,8 @@ def write_comparison(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     lines = ["# " + " vs ".join(names), "", *(f"- `{n}`: recipe {r.summary['recipe']}, model `{r.summary['model']}`"
                                            for n, r in zip(names, runs, strict=True)), ""]
     lines += evaluation_sections(columns)
+    out.mkdir(parents=True, exist_ok=True)
+    claim(out, "compare")
     return _write_both(out, "\n".join(lines), " vs ".join(names))
 
 

@@ -29,7 +29,7 @@ from turnforge.policies.base import BackendError, Policy, SamplingParams
 from turnforge.policies.roles import env_roles
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.rundir import check_out_dir, locked
+from turnforge.rundir import EPISODES_FILE, RUN_FILE, SUMMARY_FILE, check_out_dir, check_owner, locked
 from turnforge.scale import ScaleConfig
 from turnforge.scale.processes import on_main_process
 from turnforge.types import StopReason, Task, Trajectory, read_trajectories
@@ -37,9 +37,6 @@ from turnforge.types import StopReason, Task, Trajectory, read_trajectories
 # Policy options that do not change results, left out of a run's identity (a resume may change them).
 _NOT_IN_IDENTITY = frozenset({"batch_size", "device", "concurrency", "api_key_env", "request_timeout", "max_retries"})
 
-RUN_FILE = "run.json"
-EPISODES_FILE = "episodes.jsonl"
-SUMMARY_FILE = "summary.json"
 WALL_FILE = ".wall_s"  # seconds the run has taken so far, across resumes
 
 
@@ -78,6 +75,9 @@ def run_eval(
     """
     if samples < 1 or (n_tasks is not None and n_tasks < 1):
         raise ValueError(f"--samples and --tasks must be at least 1 (got samples={samples}, tasks={n_tasks})")
+    out = Path(out_dir)
+    check_out_dir(out)
+    check_owner(out, "eval")  # a recipe run's folder is refused before a model loads
     limits = limits or RolloutLimits()
     params = params or SamplingParams(seed=seed)
     policy_options = policy_options or {}
@@ -109,15 +109,13 @@ def run_eval(
         "sampling": dataclasses.asdict(params),
         "policy_options": {k: v for k, v in policy_options.items() if k not in _NOT_IN_IDENTITY},
     }
-    out = Path(out_dir)
-    check_out_dir(out)
     check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
     roles = {} if on_ray else env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
     if task_ids is not None:
         wanted_ids = set(task_ids)
         tasks = [t for t in tasks if t.id in wanted_ids]
-    with locked(out):  # one process per out dir: two evals would write every episode twice
+    with locked(out, "eval"):  # one process per out dir: two evals would write every episode twice
         (out / RUN_FILE).write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
         episodes_path = out / EPISODES_FILE
         previous = read_episodes(episodes_path)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnforge.envs.base import get_env_spec, load_tasks, make_env
+from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
 from turnforge.models.chat import trl_chat_template
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
@@ -187,7 +187,8 @@ def env_corpus(env: str, env_options: dict[str, Any]) -> Iterator[str]:
     spec = get_env_spec(env)
     template = trl_chat_template(CHAT_TEMPLATE)
     split = "train" if "train" in spec.splits else spec.splits[0]
-    tasks = load_tasks(env, split, limit=CORPUS_TASKS, **env_options)
+    # a smaller split: all of it
+    tasks = load_tasks(env, split, limit=min(CORPUS_TASKS, split_size(env, split, **env_options)), **env_options)
     for variant in _variants(spec, env_options):
         trajs = run_episodes(ExpertPolicy(), lambda variant=variant: make_env(env, **variant), tasks, 1)
         for traj in trajs:

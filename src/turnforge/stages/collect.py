@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from turnforge.eval.runner import EPISODES_FILE
+from turnforge.rundir import EPISODES_FILE
 from turnforge.stages.config import STAGE_NAME, RolloutStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnforge.models.tiny import resolve_model
+from turnforge.rundir import STAGES_DIR
 from turnforge.scale.processes import main_process_result
 
 if TYPE_CHECKING:  # the recipe loader imports the stage kinds; a stage only calls its Recipe's methods
@@ -75,9 +76,6 @@ class RunContext:
                 self.models[stage_id] = ModelRef(self.model(self.recipe.model_source(index)).path, model)
             else:
                 self.models[stage_id] = ModelRef(model)
-
-
-STAGES_DIR = "stages"
 
 
 def stage_folder(index: int, stage_id: str) -> str:

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from turnforge.eval.runner import SUMMARY_FILE, run_eval
+from turnforge.eval.runner import run_eval
 from turnforge.rollout import RolloutLimits
+from turnforge.rundir import SUMMARY_FILE
 from turnforge.stages.config import STAGE_NAME, RolloutStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.registry import register_stage

@@ -23,7 +23,8 @@ from pydantic import Field, model_validator
 
 from turnforge.data.rft import mask_defects, select_rft
 from turnforge.envs.base import get_env_spec, make_env, tasks_of
-from turnforge.eval.runner import EPISODES_FILE, read_episodes
+from turnforge.eval.runner import read_episodes
+from turnforge.rundir import EPISODES_FILE
 from turnforge.scale.processes import main_process_result
 from turnforge.stages.config import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
 from turnforge.stages.context import RunContext

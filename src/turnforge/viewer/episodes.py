@@ -15,7 +15,7 @@ from typing import Any
 
 from turnforge.data.sft import trajectory_examples
 from turnforge.data.sources import holds_trajectories
-from turnforge.rundir import read_run
+from turnforge.rundir import SUMMARY_FILE, owner_of, read_run
 from turnforge.types import Trajectory, trajectory_from_record
 
 
@@ -86,6 +86,12 @@ class EpisodeFile:
         }  # fmt: skip
 
 
+def is_finished_recipe_run(target: Path) -> bool:
+    """A recipe run with its summary.json (read for its evaluations and final model); a killed one, or an eval's
+    folder, is browsed by its episode files alone."""
+    return target.is_dir() and owner_of(target) == "recipe" and (target / SUMMARY_FILE).exists()
+
+
 def find_episode_files(target: Path) -> dict[str, EpisodeFile]:
     """A run directory's episode files (evaluations first, then every stage's trajectories), or one file."""
     if target.is_file():
@@ -93,7 +99,7 @@ def find_episode_files(target: Path) -> dict[str, EpisodeFile]:
     if not target.is_dir():
         raise FileNotFoundError(f"{target} not found: give a run directory or an episodes.jsonl file")
     files: dict[str, Path] = {}
-    if (target / "summary.json").exists() and (target / "config.toml").exists():
+    if is_finished_recipe_run(target):
         files |= {f"eval/{name}": path for name, path in read_run(target).eval_episodes().items()}
     for path in sorted(target.rglob("*.jsonl")):
         label = str(path.relative_to(target).parent if path.name == "episodes.jsonl" else path.relative_to(target))

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from turnforge.rundir import read_run
-from turnforge.viewer.episodes import EpisodeFile, episode_view, find_episode_files
+from turnforge.viewer.episodes import EpisodeFile, episode_view, find_episode_files, is_finished_recipe_run
 
 PAGE_SIZE = 50
 
@@ -72,7 +72,7 @@ class Viewer:
 
 def default_tokenizer(target: Path) -> str | None:
     """The tokenizer that decodes a run's token ids: its final model's, else the built tiny model's."""
-    if target.is_dir() and (target / "summary.json").exists():
+    if is_finished_recipe_run(target):
         final = read_run(target).final_model()
         if final is not None and (final[1] / "tokenizer_config.json").exists():
             return str(final[1])

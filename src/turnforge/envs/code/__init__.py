@@ -11,7 +11,7 @@ The seed is DemyAgent's GRPO-TCR agent (Open-AgentRL `recipe/demystify`, benchma
 
 from __future__ import annotations
 
-from turnforge.envs.base import EnvOption, EnvSpec, register_env
+from turnforge.envs.base import MAX_GENERATED, EnvOption, EnvSpec, register_env
 from turnforge.envs.code.checking import MATH_MODES
 from turnforge.envs.code.metrics import code_metrics
 from turnforge.envs.code.problems import CATEGORIES, SPLITS, generate, load_file
@@ -27,7 +27,7 @@ def load_tasks(split: str, limit: int | None = None, data: str = "", seed: int =
         return load_file(data, split)[:limit]
     if n < 1:
         raise ValueError("code env: give --env-opt data=problems.jsonl or --env-opt generate=N")
-    return generate(n, split, seed)[:limit]
+    return generate(n if limit is None else min(n, limit), split, seed)  # problem i is the same for any n
 
 
 def make_code_env(**options):
@@ -44,13 +44,15 @@ SPEC = register_env(
         load_tasks=load_tasks,
         categories=CATEGORIES,
         splits=SPLITS,
+        split_size=lambda _split, options: None if options.get("data") else options.get("generate") or None,
         env_metrics=code_metrics,
         corpus_options=("data", "generate", "seed"),
         options=[
             EnvOption("format", str, "tool_call", "Hermes <tool_call> JSON (the seed's multi_turn.format=hermes)",
                       ("tool_call",)),
             EnvOption("data", str, "", "problems JSONL (id, problem, answer | tests); every split gets all lines"),
-            EnvOption("generate", int, 0, "N built-in generated problems per split (math and code)", at_least=0),
+            EnvOption("generate", int, 0, "N built-in generated problems per split (math and code; built in memory)",
+                      at_least=0, at_most=MAX_GENERATED),
             EnvOption("seed", int, 0, "seed of the generated problems"),
             EnvOption("math_verify", str, "math_verify", "math check: math-verify, or the seed's strict boxed match",
                       MATH_MODES),

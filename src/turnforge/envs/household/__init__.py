@@ -5,7 +5,7 @@ from __future__ import annotations
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.household.catalog import TASK_TYPES, is_plausible
 from turnforge.envs.household.env import THOUGHTS, HouseholdEnv
-from turnforge.envs.household.scene import SPLITS, Knobs, entity_names, generate_split
+from turnforge.envs.household.scene import SPLIT_SIZES, SPLITS, Knobs, entity_names, generate_split
 from turnforge.formats import list_formats
 from turnforge.types import Task
 
@@ -46,6 +46,7 @@ SPEC = register_env(
         load_tasks=load_tasks,
         categories=TASK_TYPES,
         splits=SPLITS,
+        split_size=lambda split, _options: SPLIT_SIZES[split],
         vocabulary=_vocabulary,
         options=[
             EnvOption("grammar", str, "0.3", "ALFWorld grammar: 0.3 (put X in/on Y) or 0.4 (move X to Y)", ("0.3", "0.4")),

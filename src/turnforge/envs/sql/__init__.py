@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from turnforge.envs.base import EnvOption, EnvSpec, register_env
+from turnforge.envs.base import MAX_GENERATED, EnvOption, EnvSpec, register_env
 from turnforge.envs.sql.data import CATEGORIES, Table, load_dbbench
 from turnforge.envs.sql.env import FORMATS, SqlEnv
 from turnforge.envs.sql.generator import GENERATED_CATEGORIES, SPLITS, TEMPLATES, generate_tasks
@@ -103,11 +103,13 @@ SQL_SPEC = register_env(
         load_tasks=load_generated_tasks,
         categories=GENERATED_CATEGORIES,
         splits=SPLITS,
+        split_size=lambda _split, options: options.get("generate", 200),
         env_metrics=agentbench_accuracies,
         vocabulary=generated_vocabulary,
         corpus_options=(*_CORPUS_OPTIONS, "generate", "seed"),
         options=[
-            EnvOption("generate", int, 200, "number of generated tasks in the split", at_least=1),
+            EnvOption("generate", int, 200, "number of generated tasks in the split (they are built in memory)",
+                      at_least=1, at_most=MAX_GENERATED),
             EnvOption("seed", int, 0, "generator seed"),
             *_EPISODE_OPTIONS,
         ],
