@@ -26,13 +26,25 @@ CONFIG_FILE = "config.toml"
 STAGE_FILE = "stage.json"
 DONE_FILE = "done.json"
 SUMMARY_FILE = "summary.json"
+MODELS_DIR = "models"  # OUT/models/tiny: the offline tiny model, built on first use (a recipe's or an eval's)
 TRAINING_KINDS = ("sft", "rft", "dpo", "grpo", "envtune")
 
 
 def check_out_dir(out: Path) -> None:
-    """An output folder must be a folder (or not exist yet)."""
+    """An output folder must be a folder (or not exist yet, under folders only)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; give a folder for the run's results")
+    check_out_parents(out)
+
+
+def check_out_parents(out: Path) -> None:
+    """Nothing can be written under a file: `--out notes.txt/run` is refused at once, naming the file (mkdir would
+    fail later with a bare NotADirectoryError)."""
+    for parent in Path(out).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"--out {out} is inside {parent}, which is a file, not a folder; give a path outside it")
+            return
 
 
 @contextmanager
@@ -103,11 +115,16 @@ class RunFiles:
         return None
 
 
+def is_run_dir(path: Path) -> bool:
+    """A finished `turnforge run` directory (an eval's --out has a summary.json too, but no config.toml)."""
+    return (path / SUMMARY_FILE).is_file() and (path / CONFIG_FILE).is_file()
+
+
 def read_run(run_dir: str | Path) -> RunFiles:
     """The run directory `run_dir` (summary.json + config.toml); a clear error when it is none."""
     run_dir = Path(run_dir)
     summary_file = run_dir / SUMMARY_FILE
-    if not summary_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
+    if not is_run_dir(run_dir):
         raise FileNotFoundError(
             f"{run_dir} is not a finished run directory (no {SUMMARY_FILE} or {CONFIG_FILE}); "
             "give the --out of a `turnforge run`, or finish the run first"
