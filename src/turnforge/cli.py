@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Column, Table
+from rich.padding import Padding
 from rich.text import Text
 
 from turnforge.envs.base import list_envs
@@ -44,12 +43,16 @@ from turnforge.policies import BackendError, PolicySpec
 from turnforge.policies.base import BackendNotInstalled, SamplingParams
 from turnforge.recipes import load_recipe, packaged_recipes
 from turnforge.rollout import RolloutLimits
+from turnforge.rundir import check_out_dir, check_out_parents
 from turnforge.scale import ScaleConfig
 
+# Help is plain text (rich_markup_mode=None): with rich markup, "turnforge[ray]" or "the recipe's [scale]" lost
+# their brackets as style tags ("Needs turnforge.", "the recipe's )."), and no help string here uses markup.
 app = typer.Typer(
     help="Train and evaluate small LLM agents on multi-turn, tool-using environments.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
 app.add_typer(household_app, name="household")
 app.add_typer(sandbox_app, name="sandbox")
@@ -88,7 +91,7 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("default", module=r"turnforge(\.|$)")  # checked first: ours stay visible
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for name in ("sqlglot", "transformers", "datasets", "accelerate", "peft", "trl", "httpx"):
+    for name in ("sqlglot", "transformers", "datasets", "huggingface_hub", "accelerate", "peft", "trl", "httpx"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 USAGE_ERROR = 2  # the exit code click uses for bad usage; scripts can tell it from a crash (1)
@@ -131,16 +134,23 @@ def parse_env_options(pairs: list[str]) -> dict[str, str]:
 def envs() -> None:
     """List the environments with their splits, categories and options."""
     console = Console()
+    # Text, not markup: descriptions hold brackets such as "turnforge[alfworld]". Indented blocks, not a table: a
+    # table squeezed into 80 columns (a pipe's width) cut words of its last column ("JSO" for "JSON)"); Text wraps
+    # whole words at any width, so choices stay whole for a user to copy into --env-opt.
     for spec in list_envs():
-        # Text, not markup: descriptions hold brackets such as "turnforge[alfworld]".
         console.print(Text.assemble((spec.name, "bold"), f" — {spec.description}"))
-        console.print(Text(f"  splits: {', '.join(spec.splits)}\n  categories: {', '.join(spec.categories)}"))
-        # Choices wrap whole (fold), never cut with an ellipsis: a user copies them into --env-opt.
-        options = Table(Column("--env-opt", no_wrap=True), "default", Column("choices / range", overflow="fold", min_width=25),
-                        Column("help", overflow="fold", ratio=1), box=box.SIMPLE, title_justify="left")
+        _indented(console, 2, Text(f"splits: {', '.join(spec.splits)}\ncategories: {', '.join(spec.categories)}"))
+        _indented(console, 2, Text("options (--env-opt NAME=VALUE; default, then choices or range):"))
         for o in spec.options:
-            options.add_row(*(Text(cell) for cell in (o.name, repr(o.default), _allowed(o), o.help)))
-        console.print(options)
+            allowed = f"   {_allowed(o)}" if _allowed(o) else ""
+            _indented(console, 4, Text.assemble((f"{o.name}={o.default!r}", "bold"), (allowed, "cyan")))
+            _indented(console, 8, Text(o.help))
+        console.print()
+
+
+def _indented(console: Console, spaces: int, text: Text) -> None:
+    """`text` wrapped at the console's width with every line indented (no trailing padding)."""
+    console.print(Padding(text, (0, 0, 0, spaces), expand=False))
 
 
 def _allowed(option) -> str:
@@ -261,6 +271,7 @@ def run_command(
 ) -> None:
     """Run a recipe's stages in OUT (resumable); prints the evaluations side by side."""
     # --ray and --workers are the recipe's [scale] table, set like any --set (its errors name them).
+    check_out_dir(out)  # --check too: a run that passed it must not then fail on its --out
     scale = [f"scale.ray={ray}"] * (ray is not None) + [f"scale.workers={workers}"] * (workers is not None)
     loaded = load_recipe(recipe, overrides=[*(set_ or []), *scale], model=model)
     if check:
@@ -309,6 +320,9 @@ def serve(
 
     if max_batch < 1:
         raise ValueError(f"--max-batch must be at least 1, got {max_batch}")
+    if model == "tiny":  # a name, not a Hub id: the tiny model is built into a run directory, never downloaded
+        raise ValueError("--model tiny: serve a built tiny model by its folder, e.g. runs/qs/models/tiny (built by "
+                         "`turnforge quickstart --out runs/qs`) or a trained one such as runs/qs/stages/02-sft/model")
     adapters = parse_adapters(adapter or [])
     served = ServedModel(model, name=name, adapters=adapters, device=device, dtype=dtype)
     run_server(served, host=host, port=port, max_batch=max_batch,
@@ -340,6 +354,8 @@ def report(
     """Write report.md, a self-contained report.html and plots/ from a run directory (or compare runs)."""
     from turnforge.eval.report import update_readme, write_comparison, write_report
 
+    if out is not None:
+        check_out_parents(out)
     if compare:
         path = write_comparison(runs, out or Path("compare"))
         typer.echo(f"wrote {path} and {path.with_suffix('.html')}")
@@ -361,6 +377,8 @@ def card(
     """Write the Hugging Face model card (YAML front matter + model-index) of the run's final model."""
     from turnforge.eval.card import write_card
 
+    if out is not None:
+        check_out_parents(out)
     typer.echo(f"wrote {write_card(run, out)}")
 
 
@@ -378,7 +396,10 @@ def view(
     from turnforge.viewer.server import Viewer, make_server
 
     viewer = Viewer(target, tokenizer)
-    server = make_server(viewer, host, port)
+    try:
+        server = make_server(viewer, host, port)
+    except OSError as e:  # the port is taken (or the address is not this machine's)
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}); give another --port (0 picks a free one)") from None
     threading.Thread(target=viewer.warm, daemon=True).start()
     count = sum(len(s.rows) for s in viewer.sources.values())
     typer.echo(f"{count} episodes in {len(viewer.sources)} files at http://{host}:{server.server_address[1]} (Ctrl-C stops)")
@@ -401,6 +422,7 @@ def data_export(
     """Export trajectories or DPO pairs as a Hugging Face dataset (ready for push_to_hub)."""
     from turnforge.data.hf_datasets import export_dataset
 
+    check_out_parents(out)
     typer.echo(f"wrote {export_dataset(source, format, out)}")
 
 
@@ -414,5 +436,8 @@ def data_import(
     """Import a dataset in one of the schemas as JSONL for a recipe's sft or dpo stage."""
     from turnforge.data.hf_datasets import import_dataset
 
+    check_out_parents(out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give the JSONL file to write, e.g. {out / 'data.jsonl'}")
     path, rows = import_dataset(source, schema, out)
     typer.echo(f"wrote {rows} records to {path}")

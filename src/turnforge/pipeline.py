@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -262,10 +263,15 @@ def _run_stage(plan: StagePlan, total: int, ctx: RunContext, console: Console) -
             _write_json(plan.dir / STAGE_FILE, {"id": stage.id, "hash": plan.hash, "inputs": plan.inputs})
         started = time.perf_counter()
         run = stage_kind(stage.kind).run
-        if isinstance(stage, TrainStage):  # every launched process: TRL's trainer spreads the steps over them
-            result = run(stage, plan.index, plan.dir, ctx)
-        else:  # rollouts, evaluation: the main process alone, the others wait for its result
-            result = main_process_result(lambda: run(stage, plan.index, plan.dir, ctx))
+        try:
+            if isinstance(stage, TrainStage):  # every launched process: TRL's trainer spreads the steps over them
+                result = run(stage, plan.index, plan.dir, ctx)
+            else:  # rollouts, evaluation: the main process alone, the others wait for its result
+                result = main_process_result(lambda: run(stage, plan.index, plan.dir, ctx))
+        except KeyboardInterrupt:
+            if is_main_process():
+                print(f"interrupted in {where}: {resume_note(plan)}", file=sys.stderr)
+            raise
         done = {
             "id": stage.id,
             "kind": stage.kind,
@@ -285,6 +291,20 @@ def _run_stage(plan: StagePlan, total: int, ctx: RunContext, console: Console) -
         "wall_s": done["wall_s"],
         "result": done["result"],
     }
+
+
+def resume_note(plan: StagePlan) -> str:
+    """What re-running the same command keeps of an interrupted stage (said on Ctrl-C, so a user knows to re-run)."""
+    kept = "finished stages are kept; the same command resumes"
+    if not isinstance(plan.stage, TrainStage):
+        return f"{kept} (this stage's finished episodes are kept too)"
+    # Imported here: it imports transformers, which `--check` and scripted stages do without.
+    from turnforge.train.runtime import CHECKPOINT_DIR, last_complete_checkpoint
+
+    checkpoint = last_complete_checkpoint(plan.dir / CHECKPOINT_DIR)
+    if checkpoint is None:
+        return f"{kept}, this stage from its first step (it saved no checkpoint yet; save_steps sets how often)"
+    return f"{kept}, this stage from {checkpoint}"
 
 
 def _eval_summaries(recipe: Recipe, out: Path) -> dict[str, dict[str, Any]]:

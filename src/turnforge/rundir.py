@@ -37,6 +37,7 @@ DONE_FILE = "done.json"
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"  # an eval's identity (eval/runner.py)
 EPISODES_FILE = "episodes.jsonl"
+MODELS_DIR = "models"  # OUT/models/tiny: the offline tiny model, built on first use (a recipe's or an eval's)
 TRAINING_KINDS = ("sft", "rft", "dpo", "grpo", "envtune")
 OWNERS = {
     "recipe": "`turnforge run` (or `quickstart`)",
@@ -47,9 +48,20 @@ OWNERS = {
 
 
 def check_out_dir(out: Path) -> None:
-    """An output folder must be a folder (or not exist yet)."""
+    """An output folder must be a folder (or not exist yet, under folders only)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; give a folder for the run's results")
+    check_out_parents(out)
+
+
+def check_out_parents(out: Path) -> None:
+    """Nothing can be written under a file: `--out notes.txt/run` is refused at once, naming the file (mkdir would
+    fail later with a bare NotADirectoryError)."""
+    for parent in Path(out).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"--out {out} is inside {parent}, which is a file, not a folder; give a path outside it")
+            return
 
 
 def owner_of(out: Path) -> str | None:
@@ -153,6 +165,12 @@ class RunFiles:
         return None
 
 
+def is_run_dir(path: Path) -> bool:
+    """A finished `turnforge run` directory, whose summary.json the report, card and viewer read (an eval's --out
+    has a summary.json too, but is owned by `turnforge eval`; a killed run has none yet)."""
+    return path.is_dir() and owner_of(path) == "recipe" and (path / SUMMARY_FILE).is_file() and (path / CONFIG_FILE).is_file()
+
+
 def read_run(run_dir: str | Path) -> RunFiles:
     """The run directory `run_dir` (summary.json + config.toml); a clear error (ValueError, FileNotFoundError) when
     it is none, or when its summary.json is cut short, edited or another command's."""
@@ -163,7 +181,7 @@ def read_run(run_dir: str | Path) -> RunFiles:
             f"{run_dir} holds the results of {OWNERS['eval']} (which printed them), not of a recipe run; "
             f"give the --out of {OWNERS['recipe']}"
         )
-    if not summary_file.is_file() or not (run_dir / CONFIG_FILE).is_file():
+    if not is_run_dir(run_dir):
         raise FileNotFoundError(
             f"{run_dir} is not a finished run directory (no {SUMMARY_FILE} or {CONFIG_FILE}); "
             "give the --out of a `turnforge run`, or finish the run first"

@@ -26,7 +26,7 @@ def read_records(source: str, what: str = "data") -> Iterator[tuple[str, dict[st
 
     if source.startswith("hf:"):
         name, _, split = source[3:].partition(":")
-        rows = datasets.load_dataset(name, split=split or "train")
+        rows = _hub_dataset(name, split or "train", what)
         yield from ((f"{source} row {i}", dict(row)) for i, row in enumerate(rows))
         return
     path = Path(source)
@@ -43,6 +43,21 @@ def read_records(source: str, what: str = "data") -> Iterator[tuple[str, dict[st
     else:
         known = ", ".join([*JSONL_SUFFIXES, *DATASET_SUFFIXES])
         raise ValueError(f"{what} {path}: unknown file format {path.suffix!r}; expected one of {known} or a folder")
+
+
+def _hub_dataset(name: str, split: str, what: str) -> datasets.Dataset:
+    """A Hub dataset's split; no network (or HF_HUB_OFFLINE with nothing cached) is one clear error, not a traceback."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, split=split)
+    except ConnectionError as e:  # datasets raises the builtin one, offline or unreachable alike
+        where = f"{what} hf:{name}: the dataset {name!r} is not in the local Hugging Face cache and"
+        if datasets.config.HF_HUB_OFFLINE:
+            raise FileNotFoundError(f"{where} HF_HUB_OFFLINE is set, so the Hub is not asked; unset it (with a "
+                                    "network) to download it, or give a local JSONL file or dataset folder") from None
+        raise FileNotFoundError(f"{where} the Hub is unreachable ({e}); check the network, or give a local JSONL file "
+                                "or dataset folder") from None
 
 
 def holds_trajectories(source: str) -> bool:

@@ -29,7 +29,7 @@ from turnforge.policies.base import BackendError, Policy, SamplingParams
 from turnforge.policies.roles import env_roles
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.rundir import EPISODES_FILE, RUN_FILE, SUMMARY_FILE, check_out_dir, check_owner, locked
+from turnforge.rundir import EPISODES_FILE, MODELS_DIR, RUN_FILE, SUMMARY_FILE, check_out_dir, check_owner, locked
 from turnforge.scale import ScaleConfig
 from turnforge.scale.processes import on_main_process
 from turnforge.types import StopReason, Task, Trajectory, read_trajectories
@@ -91,9 +91,6 @@ def run_eval(
             UserWarning,
             stacklevel=2,
         )
-    # On Ray the workers hold the model replicas; this process loads none.
-    policy = None if on_ray and kind in MODEL_BACKENDS else make_policy(
-        policy_spec, model=model, seed=seed, **policy_options)
     identity = {
         "env": env,
         "env_options": options,
@@ -109,7 +106,16 @@ def run_eval(
         "sampling": dataclasses.asdict(params),
         "policy_options": {k: v for k, v in policy_options.items() if k not in _NOT_IN_IDENTITY},
     }
-    check_same_run(out, identity)  # bad input and a foreign out dir fail before the tasks are built
+    check_same_run(out, identity)  # bad input and a foreign out dir fail before a model loads and the tasks are built
+    if model == "tiny" and kind in MODEL_BACKENDS:  # as in a recipe: built offline into OUT/models/tiny, once
+        # Imported here: the builder imports tokenizers and plays the expert, which other evals do without.
+        from turnforge.models.tiny import resolve_model
+
+        with locked(out, "eval"):
+            model = resolve_model(model, out / MODELS_DIR)
+    # On Ray the workers hold the model replicas; this process loads none.
+    policy = None if on_ray and kind in MODEL_BACKENDS else make_policy(
+        policy_spec, model=model, seed=seed, **policy_options)
     roles = {} if on_ray else env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
     if task_ids is not None:

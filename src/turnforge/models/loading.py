@@ -142,7 +142,7 @@ def _base_and_adapter(path_or_id: str, adapter: str | None) -> tuple[str, str | 
 
 _WHAT_TO_GIVE = (
     'give a local folder with config.json (e.g. a run\'s model/ folder), a Hugging Face model id, or "tiny" '
-    "through resolve_model"
+    "(in a recipe or `turnforge eval`: the offline tiny model, built into OUT/models/tiny)"
 )
 
 

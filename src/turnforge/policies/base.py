@@ -40,6 +40,22 @@ class SamplingParams:
     1 = every reply sampled (the usual); below 1, episodes play greedily and leave it at a few turns, so a
     group's outcomes differ by what those turns did (RL aimed at the greedy policy that is evaluated)."""
 
+    def __post_init__(self) -> None:
+        # Checked here, where every backend's settings are made, so a bad value fails before any model loads.
+        problems = [
+            f"{name} {rule}, got {getattr(self, name)!r}"
+            for name, ok, rule in (
+                ("temperature", self.temperature >= 0, "must be at least 0 (0 = greedy)"),
+                ("top_p", 0 < self.top_p <= 1, "must be in (0, 1] (1 = off)"),
+                ("top_k", self.top_k >= 0, "must be at least 0 (0 = off)"),
+                ("max_new_tokens", self.max_new_tokens >= 1, "must be at least 1"),
+                ("explore", 0 <= self.explore <= 1, "must be in [0, 1]"),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ValueError("sampling: " + "; ".join(problems))
+
 
 def explores(params: SamplingParams, prompt: Prompt) -> bool:
     """Whether this reply is sampled (else greedy): a draw from (seed, task, sample, turn), the same in any batch

@@ -83,6 +83,11 @@ class ModelThread(Executor):
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args, **kwargs))
+                except KeyboardInterrupt:
+                    # Ctrl-C is this thread's (Python raises it in the main thread): the caller stops the episodes'
+                    # loop cleanly. Handed to the loop, it surfaced in every waiting episode's task instead, as
+                    # 140-170 lines of "Task exception was never retrieved".
+                    raise
                 except BaseException as e:  # handed to whoever awaits the call
                     future.set_exception(e)
 

@@ -138,6 +138,7 @@ def _validate_stages(raw_stages: Any, model_cfg: ModelConfig | None, report: _Pr
         if "lora" in cls.model_fields and "lora" not in data and model_cfg is not None and model_cfg.lora:
             data = {**data, "lora": model_cfg.lora}
         stages.append(_validate(cls, data, loc, report))
+        _check_train_length(data, loc, report)  # on the table as written: reported with its other bad values
     if model_cfg is not None and model_cfg.lora is not None:
         _validate_lora(model_cfg.lora, report)
     return stages
@@ -216,6 +217,23 @@ def _check_stages(recipe: Recipe, report: _Problems) -> None:
                     ("stages", i, "data", j),
                     f"{data!r} is no earlier collect stage ({names}), hf:DATASET or existing file",
                 )
+
+
+MIN_TRAIN_LENGTH = 128
+"""The least `max_length` a recipe's training stage may have. Its examples are env episodes, which open with the
+env's system prompt and task in the chat template: the shortest here (household, act_line) is 1,117 characters,
+259 tokens of the tiny model and ~280 of Qwen3's. Below 128 not even half of it fits, so no example keeps an
+assistant token and the stage fails minutes into the run (`build_dataset`); `--check` says so at once."""
+
+
+def _check_train_length(table: dict[str, Any], loc: Loc, report: _Problems) -> None:
+    """A stage's `max_length` (rft: `train.max_length`) of at least MIN_TRAIN_LENGTH; other types are pydantic's."""
+    train = table.get("train")
+    for key, length in ((("max_length",), table.get("max_length")),
+                        (("train", "max_length"), train.get("max_length") if isinstance(train, dict) else None)):
+        if isinstance(length, int) and not isinstance(length, bool) and length < MIN_TRAIN_LENGTH:
+            report.add((*loc, *key), f"max_length={length}: expected at least {MIN_TRAIN_LENGTH} tokens (an "
+                       "episode's first prompt alone is longer: every example would be cut before its first trained token)")
 
 
 def _is_external_data(spec: str, source: Path | None) -> bool:

@@ -8,14 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnforge.models.tiny import resolve_model
-from turnforge.rundir import STAGES_DIR
+from turnforge.rundir import MODELS_DIR, STAGES_DIR
 from turnforge.scale.processes import main_process_result
 
 if TYPE_CHECKING:  # the recipe loader imports the stage kinds; a stage only calls its Recipe's methods
     from turnforge.recipes import Recipe
-
-MODELS_DIR = "models"  # OUT/models/tiny: the offline tiny model, built on first use
-
 
 @dataclass
 class ModelRef:

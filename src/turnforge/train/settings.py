@@ -74,6 +74,13 @@ def check_trl_options(config_name: str, options: dict[str, Any], managed: set[st
         raise ValueError("; ".join(problems))
 
 
+MAX_LEARNING_RATE = 1.0
+"""AdamW moves every weight by about `learning_rate` a step whatever its gradient's scale, so at 1 or more each
+weight jumps by its own size every step: the model is destroyed, never trained. Fine-tuning LMs uses 1e-6 to 1e-2
+(full fine-tuning of a 4B model ~1e-5, LoRA ~1e-4, the tiny model 3e-3): 1e-2 is already bold, 1 is never meant."""
+LEARNING_RATE_RANGE = "more than 0 and less than 1 (AdamW; LMs fine-tune at 1e-6..1e-2)"
+
+
 @dataclass
 class TrainerSettings:
     """The settings SFT and DPO share. The defaults run on a laptop CPU with the tiny model."""
@@ -130,7 +137,7 @@ class TrainerSettings:
             ("logging_steps", self.logging_steps >= 1, "at least 1"),
             ("max_steps", self.max_steps == -1 or self.max_steps >= 1, "-1 (run `epochs`) or at least 1"),
             ("epochs", self.epochs > 0, "more than 0"),
-            ("learning_rate", self.learning_rate > 0, "more than 0"),
+            ("learning_rate", 0 < self.learning_rate < MAX_LEARNING_RATE, LEARNING_RATE_RANGE),
             ("weight_decay", self.weight_decay >= 0, "0 or more"),
             ("warmup_ratio", 0.0 <= self.warmup_ratio < 1.0, "a fraction in [0, 1)"),
             ("save_steps", self.save_steps >= 0, "0 (no checkpoints) or more"),
@@ -315,7 +322,7 @@ class GRPOSettings:
             ("num_generations", self.num_generations >= 2, "at least 2 (a group needs a baseline)"),
             ("loss_type", self.loss_type in GRPO_LOSS_TYPES, " or ".join(GRPO_LOSS_TYPES)),
             ("scale_rewards", self.scale_rewards in SCALE_REWARDS, " or ".join(SCALE_REWARDS)),
-            ("learning_rate", self.learning_rate > 0, "more than 0"),
+            ("learning_rate", 0 < self.learning_rate < MAX_LEARNING_RATE, LEARNING_RATE_RANGE),
             ("temperature", self.temperature >= 0, "0 (greedy) or more"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("explore", 0 <= self.explore <= 1 and (self.explore == 1 or self.temperature > 0),

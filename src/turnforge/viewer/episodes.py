@@ -15,7 +15,7 @@ from typing import Any
 
 from turnforge.data.sft import trajectory_examples
 from turnforge.data.sources import holds_trajectories
-from turnforge.rundir import SUMMARY_FILE, owner_of, read_run
+from turnforge.rundir import is_run_dir, read_run
 from turnforge.types import Trajectory, trajectory_from_record
 
 
@@ -59,10 +59,11 @@ class EpisodeFile:
                 start = end
 
     def filtered(self, success: str = "", category: str = "", stop: str = "", query: str = "") -> list[EpisodeRow]:
-        """The rows that pass every filter given (`success` "1"/"0"; `query` is searched in the raw line)."""
+        """The rows that pass every filter given (`success` 1/true or 0/false; `query` is searched in the raw line)."""
+        wanted = _flag("success", success)
         rows = [
             r for r in self.rows
-            if (not success or r.success == (success == "1")) and (not category or r.category == category)
+            if (wanted is None or r.success == wanted) and (not category or r.category == category)
             and (not stop or r.stop_reason == stop)
         ]  # fmt: skip
         if query and rows:
@@ -86,10 +87,17 @@ class EpisodeFile:
         }  # fmt: skip
 
 
-def is_finished_recipe_run(target: Path) -> bool:
-    """A recipe run with its summary.json (read for its evaluations and final model); a killed one, or an eval's
-    folder, is browsed by its episode files alone."""
-    return target.is_dir() and owner_of(target) == "recipe" and (target / SUMMARY_FILE).exists()
+_FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _flag(name: str, value: str) -> bool | None:
+    """A query's yes/no filter: None when not given; anything else than 1/true/yes, 0/false/no is refused (a typo
+    once gave the failed episodes for `success=true`)."""
+    if not value:
+        return None
+    if value.lower() not in _FLAGS:
+        raise ValueError(f"{name}={value!r}: give 1/true/yes or 0/false/no")
+    return _FLAGS[value.lower()]
 
 
 def find_episode_files(target: Path) -> dict[str, EpisodeFile]:
@@ -99,10 +107,11 @@ def find_episode_files(target: Path) -> dict[str, EpisodeFile]:
     if not target.is_dir():
         raise FileNotFoundError(f"{target} not found: give a run directory or an episodes.jsonl file")
     files: dict[str, Path] = {}
-    if is_finished_recipe_run(target):
+    if is_run_dir(target):
         files |= {f"eval/{name}": path for name, path in read_run(target).eval_episodes().items()}
     for path in sorted(target.rglob("*.jsonl")):
         label = str(path.relative_to(target).parent if path.name == "episodes.jsonl" else path.relative_to(target))
+        label = target.name if label == "." else label  # an eval's --out: its own episodes.jsonl
         if path not in files.values() and holds_trajectories(str(path)):
             files[label] = path
     if not files:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from turnforge.rundir import read_run
-from turnforge.viewer.episodes import EpisodeFile, episode_view, find_episode_files, is_finished_recipe_run
+from turnforge.rundir import is_run_dir, read_run
+from turnforge.viewer.episodes import EpisodeFile, episode_view, find_episode_files
 
 PAGE_SIZE = 50
 
@@ -72,7 +72,7 @@ class Viewer:
 
 def default_tokenizer(target: Path) -> str | None:
     """The tokenizer that decodes a run's token ids: its final model's, else the built tiny model's."""
-    if is_finished_recipe_run(target):
+    if target.is_dir() and is_run_dir(target):
         final = read_run(target).final_model()
         if final is not None and (final[1] / "tokenizer_config.json").exists():
             return str(final[1])
