@@ -29,7 +29,15 @@ from turnforge.policies.base import BackendError, Policy, SamplingParams
 from turnforge.policies.roles import env_roles
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.rundir import EPISODES_FILE, MODELS_DIR, RUN_FILE, SUMMARY_FILE, check_out_dir, check_owner, locked
+from turnforge.rundir import (
+    EPISODES_FILE,
+    MODELS_DIR,
+    RUN_FILE,
+    SUMMARY_FILE,
+    check_out_dir,
+    check_owner,
+    locked,
+)
 from turnforge.scale import ScaleConfig
 from turnforge.scale.processes import on_main_process
 from turnforge.types import StopReason, Task, Trajectory, read_trajectories
@@ -112,7 +120,7 @@ def run_eval(
         from turnforge.models.tiny import resolve_model
 
         with locked(out, "eval"):
-            model = resolve_model(model, out / MODELS_DIR)
+            model = resolve_model(model, out / MODELS_DIR, [(env, options)])  # its tokenizer from this env
     # On Ray the workers hold the model replicas; this process loads none.
     policy = None if on_ray and kind in MODEL_BACKENDS else make_policy(
         policy_spec, model=model, seed=seed, **policy_options)
