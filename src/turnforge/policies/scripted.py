@@ -16,7 +16,7 @@ from pathlib import Path
 
 from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert, SupportsNearMisses, expert_text
 from turnforge.policies.base import Generation, Prompt, SamplingParams, turn_draw
-from turnforge.types import Message, Trajectory, json_records
+from turnforge.types import Message, ToolCall, Trajectory, json_records
 
 
 def _env_of(prompt: Prompt, policy: str) -> Env:
@@ -243,10 +243,11 @@ def load_replies(path: Path) -> dict[tuple[str, int], list[str | Message]]:
 def _assistant_reply(message: dict) -> str | Message:
     """The text of a saved assistant message, or the message itself when it carries tool calls."""
     if message.get("tool_calls"):
-        parsed = Message.from_dict(message)
-        if not all(isinstance(c.name, str) and isinstance(c.arguments, dict) for c in parsed.tool_calls):
-            raise ValueError("a tool call needs a name string and an arguments object")
-        return parsed
+        calls = [ToolCall.from_saved(c) for c in message["tool_calls"]]
+        if not all(isinstance(c.name, str) and isinstance(c.arguments, dict | str) for c in calls):
+            raise ValueError("a tool call needs a name string and an arguments object (or JSON string)")
+        # Arguments that are not JSON are replayed as written: the env judges them as it judges a model's (issue 46).
+        return Message(message["role"], text_content(message.get("content")), tool_calls=calls)
     return text_content(message.get("content"))
 
 
