@@ -166,3 +166,29 @@ def test_a_saved_call_with_non_json_arguments_is_replayed_not_the_file_refused(t
     saved.write_text(json.dumps(line) + "\n")
     (regraded,) = _eval(tmp_path, "regrade", {"domain": "desk", "user": "replay"}, f"replay:{saved}", None)
     assert regraded["score"]["details"]["termination"] == "agent_error" and regraded["score"]["reward"] == 0.0
+
+
+def test_a_reply_that_cannot_be_replayed_is_named_in_the_files_error(tmp_path):
+    """The file-level error names the line, the reply and what is wrong with it (before: "messages must be a list
+    of {role, content} objects ...: 'name'", whatever the fault)."""
+    from turnforge.policies.scripted import load_replies
+
+    nameless = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}
+    saved = tmp_path / "nameless.jsonl"
+    saved.write_text(json.dumps({"task_id": "t", "messages": [{"role": "user", "content": "Hi."},
+                                                              {"role": "assistant", "content": "Sure."}, nameless]}))
+    with pytest.raises(ValueError) as caught:
+        load_replies(saved)
+    assert str(caught.value) == (f"{saved}:1: task 't' reply 2 cannot be replayed (tool call 1 has no function name); "
+                                 "a reply is a message with content a string or text parts, and tool calls each "
+                                 "with a name and arguments")
+
+
+def test_a_user_tool_call_without_a_name_is_one_line_naming_the_conversation(tmp_path):
+    from turnforge.envs.service.users import ReplayUserPolicy
+
+    saved = tmp_path / "nameless_user.jsonl"
+    saved.write_text(json.dumps({"task_id": "t", "messages": [
+        {"role": "user", "content": "", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]}) + "\n")
+    with pytest.raises(ValueError, match=rf"^{saved}:1: task 't' sample 0: a user message cannot be replayed"):
+        ReplayUserPolicy(saved)

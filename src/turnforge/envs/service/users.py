@@ -226,7 +226,11 @@ class ReplayUserPolicy:
         self.messages: dict[tuple[str, int], list[str]] = {}
         for where, record in json_records(self.path):
             key = (str(record["task_id"]), int(record.get("sample", 0)))
-            said = [_replayed_text(m) for m in _user_messages(record, where, dual_control)]
+            try:
+                said = [_replayed_text(m) for m in _user_messages(record, where, dual_control)]
+            except (TypeError, KeyError, AttributeError) as e:
+                raise ValueError(f"{where}: task {key[0]!r} sample {key[1]}: a user message cannot be replayed ({e!r}); "
+                                 "each tool call needs a function name and arguments") from None
             if not said:
                 # tau2's user always answers the greeting (an empty answer is USER_ERROR, never recorded as a
                 # message): a conversation without one is not tau2's, and there is no user to replay.
