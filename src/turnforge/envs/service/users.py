@@ -6,7 +6,8 @@ LLM user (tau2-bench `user/user_simulator.py`): system prompt = the simulation g
 `user`, its own as `assistant`; the agent's tool calls and results never); its stop tokens `###STOP###`,
 `###TRANSFER###`, `###OUT-OF-SCOPE###` end the episode (USER_STOP). In a dual-control domain (telecom) it gets
 the user's tools and tau2's tools guidelines: a reply may be tool calls on its own device, whose results come
-back to it (as `tool` messages) before it speaks to the agent again; the agent sees only what it says.
+back to it (as `tool` messages) before it speaks to the agent again; the agent sees only what it says. A reply
+of a user without tools is read for tool calls too (out of protocol): the env answers them with tau2's error.
 """
 
 from __future__ import annotations
