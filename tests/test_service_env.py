@@ -347,3 +347,13 @@ def test_random_lists_every_tool_with_arguments_the_conversation_showed_not_the_
     assert strings and all(v in opening for v in strings)
     gold = [{"name": a["name"], "arguments": a["arguments"]} for a in task.data["evaluation_criteria"]["actions"]]
     assert not [c for c in calls if c in gold]
+
+
+def test_random_reads_a_superscript_digit_as_a_word_not_a_number():
+    """`'⁴'.isdigit()` is true but `int('⁴')` raises: telecom's texts have such words, and the random policy's
+    episode gave up there (`the env failed ... invalid literal for int()`) instead of drawing an action."""
+    from turnforge.envs.service.random_calls import ShownValues
+
+    shown = ShownValues()
+    shown.add_text("Speed 10⁴ kbps on line L1002")
+    assert "10⁴" in shown.strings and shown.numbers == []

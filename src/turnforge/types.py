@@ -22,7 +22,8 @@ TRAJECTORY_KEYS = frozenset({"task_id", "turns", "score", "stop_reason"})
 
 @dataclass
 class ToolCall:
-    """One function call written by the assistant (`arguments` already decoded from JSON)."""
+    """One function call written by the assistant (`arguments` already decoded from JSON; the undecoded string
+    only in a saved call being replayed, see `from_saved`)."""
 
     name: str
     arguments: dict[str, Any]
@@ -42,6 +43,16 @@ class ToolCall:
         if isinstance(args, str):
             args = json.loads(args) if args.strip() else {}
         return cls(name=fn["name"], arguments=args, id=d.get("id"))
+
+    @classmethod
+    def from_saved(cls, d: dict[str, Any]) -> ToolCall:
+        """`from_dict` for a call being replayed: arguments that are not JSON stay the string the model wrote (a
+        format writes it back as such, and reads it as an unreadable call) instead of refusing the whole file."""
+        try:
+            return cls.from_dict(d)
+        except json.JSONDecodeError:
+            fn = d.get("function", d)
+            return cls(name=fn["name"], arguments=fn["arguments"], id=d.get("id"))
 
 
 @dataclass

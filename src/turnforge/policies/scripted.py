@@ -16,7 +16,7 @@ from pathlib import Path
 
 from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert, SupportsNearMisses, expert_text
 from turnforge.policies.base import Generation, Prompt, SamplingParams, turn_draw
-from turnforge.types import Message, Trajectory, json_records
+from turnforge.types import Message, ToolCall, Trajectory, json_records
 
 
 def _env_of(prompt: Prompt, policy: str) -> Env:
@@ -243,11 +243,19 @@ def load_replies(path: Path) -> dict[tuple[str, int], list[str | Message]]:
 def _assistant_reply(message: dict) -> str | Message:
     """The text of a saved assistant message, or the message itself when it carries tool calls."""
     if message.get("tool_calls"):
-        parsed = Message.from_dict(message)
-        if not all(isinstance(c.name, str) and isinstance(c.arguments, dict) for c in parsed.tool_calls):
-            raise ValueError("a tool call needs a name string and an arguments object")
-        return parsed
+        # Arguments that are not JSON are replayed as written: the env judges them as it judges a model's (issue 46).
+        calls = [_saved_call(c, n) for n, c in enumerate(message["tool_calls"], 1)]
+        return Message("assistant", text_content(message.get("content")), tool_calls=calls)
     return text_content(message.get("content"))
+
+
+def _saved_call(call: dict, n: int) -> ToolCall:
+    if not isinstance(call, dict) or not isinstance(call.get("function", call).get("name"), str):
+        raise ValueError(f"tool call {n} has no function name")
+    parsed = ToolCall.from_saved(call)
+    if not isinstance(parsed.arguments, dict | str):
+        raise ValueError(f"tool call {n}'s arguments are neither an object nor a string")
+    return parsed
 
 
 def text_content(content) -> str:
@@ -278,6 +286,14 @@ def _policy_replies(record: dict) -> list[dict]:
     return [m for m in messages[first_user:] if m["role"] == "assistant"]
 
 
+def _replayed(message: dict, n: int, task_id: str, where: str) -> str | Message:
+    try:
+        return _assistant_reply(message)
+    except (TypeError, KeyError, AttributeError, ValueError) as e:
+        raise ValueError(f"{where}: task {task_id!r} reply {n} cannot be replayed ({e}); a reply is a message with "
+                         "content a string or text parts, and tool calls each with a name and arguments") from None
+
+
 _EXPECTED = 'a trajectory (with "messages") or {"task_id": ..., "replies": [...]} a line'
 
 
@@ -292,13 +308,10 @@ def _replay_record(record: dict, where: str) -> tuple[tuple[str, int], list[str 
         texts = record["replies"]
     elif "messages" in record:
         try:
-            texts = [_assistant_reply(m) for m in _policy_replies(record)]
+            replies = _policy_replies(record)
         except (TypeError, KeyError, AttributeError, ValueError) as e:
-            raise ValueError(
-                f"{where}: messages must be a list of {{role, content}} objects, content a string or text parts "
-                f"(tool_calls: name + arguments): {e}"
-            ) from None
-        return (record["task_id"], sample), texts
+            raise ValueError(f"{where}: messages must be a list of {{role, content}} objects ({e!r})") from None
+        return (record["task_id"], sample), [_replayed(m, n, record["task_id"], where) for n, m in enumerate(replies, 1)]
     else:
         raise ValueError(f"{where}: {expected}")
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):

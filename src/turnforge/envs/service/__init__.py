@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from turnforge.envs.base import EnvOption, EnvSpec, register_env
 from turnforge.envs.service.domain import ENV_NAME, domain_names, load_domain
-from turnforge.envs.service.env import SCRIPTED_USERS, ServiceEnv
+from turnforge.envs.service.env import BAD_CALL_ENDINGS, SCRIPTED_USERS, ServiceEnv
 from turnforge.envs.service.metrics import service_metrics
 from turnforge.envs.service.users import ReplayUserPolicy
 from turnforge.policies import PolicySpec
@@ -53,7 +53,8 @@ def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tupl
         kind, _, path = agent_spec.partition(":")
         if kind != "replay" or not path:
             raise ValueError("--env-opt user=replay replays the conversations of --policy replay:FILE; give that policy")
-        roles["user"] = (ReplayUserPolicy(path), {})
+        domain = load_domain(options.get("domain", "desk"), options.get("data_dir", ""), options.get("tasks", ""))
+        roles["user"] = (ReplayUserPolicy(path, dual_control=domain.kind.user is not None), {})
     elif user not in SCRIPTED_USERS:
         PolicySpec.parse(user)  # a bad spec fails before any episode
         roles["user"] = (user, {"temperature": options.get("user_temperature", 0.7)})
@@ -116,6 +117,9 @@ SERVICE_SPEC = register_env(
             EnvOption("max_steps", int, 100, "orchestrator steps per episode (tau2: 100)"),
             EnvOption("max_errors", int, 10, "tool errors per episode (tau2: 10)"),
             EnvOption("format", str, "tool_call", "how the agent writes tool calls", ("tool_call",)),
+            EnvOption("on_bad_call", str, "end", "a tool call that cannot be read (arguments not JSON): end = the "
+                      "episode ends, agent_error, reward 0 (tau2); observe = its error as a tool observation, a tool "
+                      "error, the episode goes on (training)", BAD_CALL_ENDINGS),
         ],
     )
 )

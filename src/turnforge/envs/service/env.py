@@ -10,10 +10,17 @@ user's `###STOP###` / `###TRANSFER###` / `###OUT-OF-SCOPE###` (USER_STOP), `max_
 checks them; a user that breaks protocol (empty message) ends it as USER_ERROR. Only AGENT_STOP and USER_STOP
 are graded (evaluation.py).
 
-Dual control (telecom): the task's initial state is applied at reset (state.py); the user may answer with tool
-calls on its own device tools, run on the user's side and answered to the user only (each call message and each
-answer is a step, their errors count), until it says something to the agent — which is all the agent sees. Departure: a reply whose tool call cannot be parsed gets the format's error as a
-tool observation and counts as a tool error (tau2's function-calling API never yields one).
+A reply whose tool call cannot be read (arguments that are not JSON, a `<tool_call>` block that is not a call)
+ends the episode as AGENT_ERROR, reward 0: tau2's agent runs `json.loads` on each call's arguments and the
+conversation ends there (utils/llm_utils.py `generate`). `on_bad_call="observe"` (for training) answers it with the
+format's error as a tool observation, counted as a tool error, and the episode goes on.
+
+The user's tool calls (each call message and each answer is a step, their errors count) are run on the user's
+side and answered to the user only, until it says something to the agent, which is all the agent sees. Dual
+control (telecom): the task's initial state is applied at reset (state.py) and the calls run on the user's device
+tools. A user without tools (retail, airline) that sends one gets tau2's "Error: User tools not available" and goes
+on. The user's side (its messages, tool calls and their results, in order) is recorded in the score's details as
+`user_side`, so a re-grading (`--env-opt user=replay`) replays the user's calls too.
 """
 
 from __future__ import annotations
@@ -51,7 +58,8 @@ Try to be helpful and always follow the policy. Always make sure you generate va
 SCRIPTED_USERS = ("scripted",)
 
 _STOPS = {"user_stop": StopReason.user_stop, "max_steps": StopReason.max_turns,
-          "too_many_errors": StopReason.failure, "user_error": StopReason.failure}
+          "too_many_errors": StopReason.failure, "user_error": StopReason.failure, "agent_error": StopReason.failure}
+BAD_CALL_ENDINGS = ("end", "observe")  # tau2's live behaviour; the forgiving one for training
 
 
 def agent_system_prompt(policy: str) -> str:
@@ -66,12 +74,15 @@ class ServiceEnv:
 
     def __init__(self, domain: str = "desk", data_dir: str = "", tasks: str = "", user: str = "scripted",
                  user_temperature: float = 0.7, judge: str = "", max_steps: int = 100, max_errors: int = 10,
-                 format: str = "tool_call"):
+                 format: str = "tool_call", on_bad_call: str = "end"):
         self.domain: Domain = load_domain(domain, data_dir, tasks)
         self.format = PlainTextEndsTurn(get_format(format))
         if not self.format.uses_tools:
             raise ValueError(f"the service env needs a tool format (tool_call), not {format!r}")
+        if on_bad_call not in BAD_CALL_ENDINGS:
+            raise ValueError(f"on_bad_call is one of {', '.join(BAD_CALL_ENDINGS)}, not {on_bad_call!r}")
         self.user_kind, self.max_steps, self.max_errors = user, max_steps, max_errors
+        self.on_bad_call = on_bad_call
         self.roles: tuple[str, ...] = (() if user in SCRIPTED_USERS else ("user",)) + (("judge",) if judge else ())
         self.clients: dict[str, Any] = {}
         self._tools = self.domain.kind.toolkit.schemas()
@@ -143,12 +154,12 @@ class ServiceEnv:
     def _user_turn(self) -> list[Message]:
         reply = self.user.reply(self.conversation, self.history)
         self.steps += 1
-        while reply is not None and reply.tool_calls and self._user_tools is not None:
+        while reply is not None and reply.tool_calls:
             if not self._user_tool_turn(reply):
                 return []
             reply = self.user.reply(self.conversation, self.history)
             self.steps += 1
-        if reply is None or reply.tool_calls:  # no message, or tool calls from a user who has no tools
+        if reply is None:  # no message: the user broke protocol
             self.user_errors += 1
             self.termination = "user_error"
             return []
@@ -162,7 +173,8 @@ class ServiceEnv:
         return [message]
 
     def _user_tool_turn(self, reply: Message) -> bool:
-        """The user's calls on its own tools, answered to the user; False when the episode ended there."""
+        """The user's calls on its own tools, answered to the user; False when the episode ended there. A user
+        without tools gets tau2's "Error: User tools not available" for each (state.py)."""
         calls = [ToolCall(c.name, c.arguments, c.id or f"user_call_{self.tool_calls + i}")
                  for i, c in enumerate(reply.tool_calls)]
         message = Message("user", reply.content, tool_calls=calls)
@@ -202,6 +214,9 @@ class ServiceEnv:
         return out
 
     def _unparsable(self, error: FormatError) -> list[Message]:
+        if self.on_bad_call == "end":  # tau2's json.loads raised before the reply became a message or a step
+            self.termination = "agent_error"
+            return []
         self.history.append(Message("assistant", error.text))
         text = self.format.error_observation(error)
         self.history.append(Message("tool", text))
@@ -260,6 +275,7 @@ class ServiceEnv:
             "tool_errors": self.errors,
             "user_errors": self.user_errors,
             "user_tokens": self.user.tokens,
+            "user_side": [m.to_dict() for m in self.conversation if m.role != "assistant"],
         }
         if gold.errors:
             details["gold_errors"] = gold.errors

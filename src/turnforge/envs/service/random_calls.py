@@ -52,7 +52,7 @@ class ShownValues:
         for token in _TOKEN.findall(text):
             if any(c.isdigit() or c in "#@_" for c in token) or token[0].isupper():
                 self.strings.append(token)
-                if token.isdigit():
+                if token.isdecimal():  # not isdigit: "⁴" is a digit int() cannot read
                     self.numbers.append(int(token))
 
 

@@ -53,7 +53,10 @@ class EpisodeState:
             user.sync(self.tools, self.user_tools)
 
     def call(self, name: str, arguments: dict[str, Any], side: str = "assistant", sync: bool = True) -> ToolResult:
-        """A tool call from `side`, then the sync (tau2 `get_response`; `sync=False`: `make_tool_call`)."""
+        """A tool call from `side`, then the sync (tau2 `get_response`; `sync=False`: `make_tool_call`). A user's call
+        in a domain whose user has no tools is tau2's error observation, not an exception."""
+        if side == "user" and self.user_tools is None:
+            return ToolResult(to_json_str("Error: User tools not available"), True)
         result = self.toolkit(side).call(name, arguments)
         if sync and not result.error:
             try:

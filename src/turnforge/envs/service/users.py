@@ -6,7 +6,8 @@ LLM user (tau2-bench `user/user_simulator.py`): system prompt = the simulation g
 `user`, its own as `assistant`; the agent's tool calls and results never); its stop tokens `###STOP###`,
 `###TRANSFER###`, `###OUT-OF-SCOPE###` end the episode (USER_STOP). In a dual-control domain (telecom) it gets
 the user's tools and tau2's tools guidelines: a reply may be tool calls on its own device, whose results come
-back to it (as `tool` messages) before it speaks to the agent again; the agent sees only what it says.
+back to it (as `tool` messages) before it speaks to the agent again; the agent sees only what it says. A reply
+of a user without tools is read for tool calls too (out of protocol): the env answers them with tau2's error.
 """
 
 from __future__ import annotations
@@ -148,12 +149,11 @@ class ModelUser:
             return Message("user", STOP)
         if gen.finish_reason == CONTEXT_LENGTH:  # the user model's context is full: its text is the refusal
             return None
-        if self.tools and self.format is not None:
-            parsed = self.format.parse(gen.text)
-            if isinstance(parsed, FormatError):
-                return None  # a tool call that cannot be read breaks the protocol: a user error, not the agent's
-            if parsed.tool_calls:
-                return Message("user", parsed.content, tool_calls=parsed.tool_calls)
+        parsed = self.format.parse(gen.text) if self.format is not None else None
+        if isinstance(parsed, FormatError) and self.tools:
+            return None  # a tool call that cannot be read breaks the protocol: a user error, not the agent's
+        if isinstance(parsed, Message) and parsed.tool_calls:  # a user without tools too: tau2 answers it an error
+            return Message("user", parsed.content, tool_calls=parsed.tool_calls)
         text = gen.text.strip()
         return Message("user", text) if text else None  # an empty user message breaks tau2's protocol
 
@@ -211,13 +211,15 @@ class ReplayUserPolicy:
     Reads the same JSONL as `--policy replay:FILE` (`{"task_id", "sample"?, "messages": [...]}` or saved
     trajectories); a user message that follows nothing but the greeting is the first. When the recorded
     user has no message left the reply is empty with finish_reason "exhausted": the episode ends there.
-    A recorded user message with tool calls (dual control) is replayed as those calls, written in the tool_call
-    format the service env reads the user's replies with; their results are recomputed, like the agent's.
+    A recorded user message with tool calls is replayed as those calls, written in the tool_call format the
+    service env reads the user's replies with; their results are recomputed, like the agent's. A saved trajectory
+    holds the user's tool calls in its score's `user_side` (the agent never saw them, so its `messages` lack them);
+    one of a dual-control domain without it is refused: its user would be replayed without its device calls.
     """
 
     renderer = None
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, dual_control: bool = False):
         self.path = Path(path)
         self.name = f"replay-user:{path}"
         # The agent's replay policy has read this file first (model_roles builds it after --policy): its lines are
@@ -225,7 +227,11 @@ class ReplayUserPolicy:
         self.messages: dict[tuple[str, int], list[str]] = {}
         for where, record in json_records(self.path):
             key = (str(record["task_id"]), int(record.get("sample", 0)))
-            said = [_replayed_text(m) for m in record.get("messages", []) if m.get("role") == "user"]
+            try:
+                said = [_replayed_text(m) for m in _user_messages(record, where, dual_control)]
+            except (TypeError, KeyError, AttributeError) as e:
+                raise ValueError(f"{where}: task {key[0]!r} sample {key[1]}: a user message cannot be replayed ({e!r}); "
+                                 "each tool call needs a function name and arguments") from None
             if not said:
                 # tau2's user always answers the greeting (an empty answer is USER_ERROR, never recorded as a
                 # message): a conversation without one is not tau2's, and there is no user to replay.
@@ -244,7 +250,19 @@ class ReplayUserPolicy:
         return out
 
 
+def _user_messages(record: dict, where: str, dual_control: bool) -> list[dict]:
+    """The user's messages of a saved conversation, tool calls included: a trajectory's `user_side`, else (tau2's
+    own conversations, older runs of a domain whose user has no tools) the user messages of `messages`."""
+    side = (record.get("score") or {}).get("details", {}).get("user_side") if "turns" in record else None
+    if side is None and "turns" in record and dual_control:
+        raise ValueError(f"{where}: task {record['task_id']!r} sample {record.get('sample', 0)} is a dual-control "
+                         "episode saved without the user's device tool calls (score.details.user_side, recorded "
+                         "since issue 46): its user cannot be replayed; re-run the episode with this version")
+    return [m for m in (record.get("messages", []) if side is None else side) if m.get("role") == "user"]
+
+
 def _replayed_text(message: dict) -> str:
     if not message.get("tool_calls"):
         return message.get("content") or ""
-    return get_format("tool_call").render(Message.from_dict({**message, "role": "assistant"}))
+    calls = [ToolCall.from_saved(c) for c in message["tool_calls"]]
+    return get_format("tool_call").render(Message("assistant", message.get("content") or "", tool_calls=calls))
