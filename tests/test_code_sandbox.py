@@ -322,3 +322,13 @@ def test_a_pool_started_from_a_venv_under_tmp_works_and_sees_nothing_else_there(
         assert listing == f"['src', 'target', 'venv'] {shown_in_tmp} False"
         assert write in ("PermissionError", "OSError")  # (read-only mount, or a root-owned dir: either refuses)
         assert not (base / "venv/pwned").exists()
+
+
+def test_a_closed_pool_leaves_no_pipe_open():
+    """A worker's stdout pipe was never closed: one ResourceWarning per worker at the exit of every run (issue 40)."""
+    script = ("import gc, warnings; warnings.simplefilter('always')\n"
+              "from turnforge.envs.code.sandbox import SandboxPool\n"
+              "pool = SandboxPool(1); assert pool.run('print(1)').stdout == '1\\n'; pool.close(); del pool; gc.collect()\n")
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ResourceWarning" not in done.stderr

@@ -167,6 +167,9 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, 9)
         self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):  # (left open, each was a ResourceWarning at exit)
+            with contextlib.suppress(OSError):
+                pipe.close()
         if self.uid is not None:
             subprocess.run(["/bin/sh", "-c", _KILL_ALL], user=self.uid, group=self.uid, extra_groups=[],
                            env={}, timeout=30, check=False, capture_output=True)
