@@ -61,8 +61,10 @@ class Rows:
         self.path, self.part, self.deadline = work / f"rows_{part}.jsonl", part, deadline
 
     def run(self, name: str, measure: Callable[[], dict]) -> dict | None:
+        """The row, written; returned only when measured (None when not reached or failed)."""
         if time.time() >= self.deadline:
-            return self._write({"row": name, "status": "not reached: time"})
+            self._write({"row": name, "status": "not reached: time"})
+            return None
         try:
             row = {"row": name, "status": "measured", **measure()}
         except Exception as e:  # one row's failure (a CUDA OOM, a missing file) is that row's result
@@ -73,10 +75,9 @@ class Rows:
         self._write(row)
         return row if row["status"] == "measured" else None
 
-    def _write(self, row: dict) -> dict:
+    def _write(self, row: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({"part": self.part, **row}) + "\n")
-        return row
 
 
 def free_memory() -> None:
