@@ -62,6 +62,18 @@ def test_rows_returns_only_measured_rows_and_writes_every_status(tmp_path, bench
         ("late", "not reached: time")]
 
 
+def test_a_row_cut_short_by_a_kill_reads_as_its_part_ended(tmp_path, benchmarks_on_path):
+    """A part killed at its cap while writing a row leaves half a JSON line: that row reads as the part ended
+    ("not reached: time"), the rows before it as measured, and the table is still written."""
+    from gpu_check import collect_rows, planned_rows
+
+    (tmp_path / "rows_sft.jsonl").write_text(
+        json.dumps({"part": "sft", "row": planned_rows(BATCHES)[0][1], "status": "measured"}) + '\n{"part": "sft", "ro')
+    rows = collect_rows(tmp_path, {"sft": "not reached: time", "rollouts": None, "grpo": None}, BATCHES)
+    assert [r["status"] for r in rows[:2]] == ["measured", "not reached: time"]
+    assert len(rows) == len(planned_rows(BATCHES))
+
+
 def test_rehearsal_writes_every_row_and_none_failed(tmp_path, benchmarks_on_path):
     from gpu_check import planned_rows
 
