@@ -81,7 +81,6 @@ from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
     MetricsFileCallback,
-    autocast_wrapped_forward,
     checkpointing_on,
     expanded_cache,
     resume_point,
@@ -91,6 +90,7 @@ from turnforge.train.runtime import (
 )
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
 from turnforge.train.step_credit import group_step_advantages, reward_scale, token_values
+from turnforge.train.trl_internals import GRPOTrainerHooks, autocast_wrapped_forward
 from turnforge.types import Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -500,7 +500,7 @@ def prompt_groups(input_ids: torch.Tensor, spans: list[tuple[int, int]], first: 
     return [(rows, max(len(prompt) - 1, 0) // block * block if len(rows) > 1 else 0) for prompt, rows in groups.items()]
 
 
-class EpisodeGRPOTrainer(GRPOTrainer):
+class EpisodeGRPOTrainer(GRPOTrainerHooks):
     """TRL's GRPOTrainer that scores each episode on its own tokens: TRL pads a batch's prompts on the left and its
     completions on the right to the batch's longest, and a multi-turn batch spans short successes and 30-turn
     failures (most of a padded batch was padding in the quickstart). Here the rows are sorted by length and
@@ -524,16 +524,14 @@ class EpisodeGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         score_labelled_only(self)  # on a CPU TRL's head would score the prompt positions too
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **media):
+    def score_tokens(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy):
         spans = real_spans(attention_mask)
-        if spans is None or compute_aux_loss or any(v is not None for v in media.values()):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **media)
+        if spans is None:
+            return None  # TRL's scoring
         rows, width = input_ids.shape
         first = width - logits_to_keep  # the first completion position
         multiple = self.pad_to_multiple_of or 1
-        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        pad = self.processing_class.pad_token_id if self.processing_class.pad_token_id is not None else 0
         logps = input_ids.new_zeros((rows, logits_to_keep), dtype=torch.float32)
         entropies = logps.clone() if compute_entropy else None
         # transformers drops a layer's cache where checkpointing will recompute it: the rows then run the prompt
@@ -572,26 +570,23 @@ class EpisodeGRPOTrainer(GRPOTrainer):
                             entropies[r, scored - first : end - first] = out.entropy[k, scored - start - 1 : end - start - 1]
         if out.log_probs.requires_grad and not logps.requires_grad:  # no token scored (all truncated): as TRL,
             logps = logps + 0 * out.log_probs.sum()  # a zero that backward can run through
-        return logps, entropies, None
+        return logps, entropies
 
 
 class StepCreditGRPOTrainer(EpisodeGRPOTrainer):
     """TRL's GRPOTrainer with GiGPO's step-level term added to its advantages: (B,) episode advantages become
     (B, T) = A^E + omega * A^S (`step_credit`); TRL's loss takes (B, T) advantages as they are."""
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+    def token_advantages(self, advantages, completion_ids):
         rollouts: EpisodeRollouts = self.rollout_func
         steps, rollouts.step_advantages = rollouts.step_advantages, None
-        episode = output["advantages"]
-        if steps is None or len(steps) != len(episode):
-            raise RuntimeError(f"step advantages for {0 if steps is None else len(steps)} episodes, TRL has {len(episode)}")
-        table = torch.zeros(output["completion_ids"].shape, dtype=episode.dtype, device=episode.device)
+        if steps is None or len(steps) != len(advantages):
+            raise RuntimeError(f"step advantages for {0 if steps is None else len(steps)} episodes, TRL has {len(advantages)}")
+        table = torch.zeros(completion_ids.shape, dtype=advantages.dtype, device=advantages.device)
         for row, values in enumerate(steps):
             n = min(len(values), table.shape[1])
-            table[row, :n] = torch.tensor(values[:n], dtype=episode.dtype)
-        output["advantages"] = episode.unsqueeze(1) + rollouts.settings.step_advantage_weight * table
-        return output
+            table[row, :n] = torch.tensor(values[:n], dtype=advantages.dtype)
+        return advantages.unsqueeze(1) + rollouts.settings.step_advantage_weight * table
 
 
 def grpo_config(out_dir: Path, settings: GRPOSettings) -> GRPOConfig:
