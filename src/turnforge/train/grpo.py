@@ -28,13 +28,6 @@ How it departs from plain TRL:
     learning signal; TRL logs their share as `frac_reward_zero_std`) is replaced by the group of another
     training task, for up to `resample_rounds` tries; what is left is counted in rollouts.jsonl.
   - Episodes with a history window have no single token sequence, so GRPO refuses them.
-  - Failure restarts (`restarts = "failures"`): each group's task is first played once greedily with the
-    current model; where that fails, the group's episodes replay the greedy episode up to the turn after its
-    last progress gain (`restart_turn`) and sample from there, so the group's comparison is made at the state
-    where the greedy policy, the one evaluated, went wrong. The replayed turns are context (`Turn.learn`
-    False: no loss). `"failures_only"` also swaps the tasks greedy solves for ones it fails, found by
-    screening fresh tasks greedily. rollouts.jsonl logs the greedy episodes' success per batch (all of them
-    are of uniformly drawn tasks: a greedy-success curve for the price of the screening).
   - Scoring (`EpisodeGRPOTrainer`): each episode's log-probabilities are computed on its own tokens, a few
     rows of similar length at a time, instead of on TRL's batch padded to its longest episode (mostly padding
     in a multi-turn batch); the same values up to rounding.
@@ -69,11 +62,10 @@ from turnforge.envs.base import make_env
 from turnforge.eval.curves import quarter_means, read_points
 from turnforge.models import load_model
 from turnforge.models.tiny import resolve_model
-from turnforge.policies.base import Generation, Policy, SamplingParams
+from turnforge.policies.base import Policy, SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.policies.queue import Role
 from turnforge.policies.roles import env_roles
-from turnforge.policies.scripted import ExpertGuided
 from turnforge.rewards import COMPONENTS, reward_components, total_reward
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.train.lm_head import score_labelled_only
@@ -131,30 +123,6 @@ def episode_sequence(traj: Trajectory, max_completion_length: int) -> tuple[list
 def task_prompt(task: Task, messages: list) -> list[dict[str, str]]:
     """The dataset prompt of a task: its first messages, each tagged with the task id (TRL passes prompts only)."""
     return [{"role": m.role, "content": m.content, "task_id": task.id} for m in messages]
-
-
-def restart_turn(traj: Trajectory) -> int:
-    """Where a failure restart begins: the turn after the last one that raised the episode's progress (0 when
-    none did: the group starts afresh). The greedy policy's wrong decision lies at or after it.
-
-    >>> from turnforge.types import Score, StopReason, Turn
-    >>> turns = [Turn("a", progress=0.0), Turn("b", progress=0.5), Turn("c", progress=0.5), Turn("d", progress=0.5)]
-    >>> restart_turn(Trajectory("t", "e", "c", [], turns, Score(False, 0.0, 0.5), StopReason.max_turns))
-    2
-    """
-    last, best = 0, 0.0
-    for k, turn in enumerate(traj.turns):
-        if turn.progress > best:
-            last, best = k + 1, turn.progress
-    return last
-
-
-def replayed(traj: Trajectory, turns: int) -> list[Generation]:
-    """The first `turns` replies of `traj` as generations to replay (token-exact ids, no loss)."""
-    return [
-        Generation(t.text, list(t.generated_ids), list(t.logprobs), t.finish_reason or "stop", learn=False)
-        for t in traj.turns[:turns]
-    ]
 
 
 def rollout_policy(trainer: GRPOTrainer, model, tokenizer, settings: GRPOSettings) -> Policy:
@@ -215,11 +183,6 @@ class EpisodeRollouts:
         self.rng = random.Random(settings.seed)
         self.calls = 0
         self.episodes = 0
-        self.greedy: list[bool] = []
-        """This batch's greedy episodes' success (`restarts`), and how many of its groups restarted."""
-        self.restarted = 0
-        self.guided = 0
-        """This batch's replies written by the expert (`guide`)."""
         self.step_advantages: list[list[float]] | None = None
         """The last batch's per-token step-level advantages (`step_advantage_weight` > 0), for `StepCreditGRPOTrainer`."""
 
@@ -227,7 +190,6 @@ class EpisodeRollouts:
         started = time.perf_counter()
         slots = [self.tasks[p[-1]["task_id"]] for p in prompts]
         self.trainer = trainer
-        self.greedy, self.restarted, self.guided = [], 0, 0
         if trainer.use_vllm:  # vLLM generates; the trained model is not needed here
             played = self._play(None, slots)
             groups, replaced, left = self._resample(None, played)
@@ -272,22 +234,14 @@ class EpisodeRollouts:
             seed=s.seed + 7919 * self.calls, explore=s.explore,
         )
         limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
-        prefixes: dict[str, list[Generation]] = {}
-        if s.restarts != "none":
-            runs, prefixes = self._restart_points(policy, runs, limits, params)
-        if s.guide:
-            policy = ExpertGuided(policy, s.guide, seed=params.seed)
         # Each run gets its own task copy id so that a task drawn twice in one batch stays two groups.
         width = max(n for _, n in runs)
         keyed = [Task(f"{t.id}#{k}", t.env, t.split, t.category, t.data) for k, (t, _) in enumerate(runs)]
         skip = frozenset((kt.id, i) for kt, (_, n) in zip(keyed, runs, strict=True) for i in range(n, width))
-        replays = {kt.id: prefixes[t.id] for kt, (t, _) in zip(keyed, runs, strict=True) if t.id in prefixes}
         trajs = run_episodes(
             policy, self._make_env, keyed, width, limits, params, skip=skip,
-            renderer=policy.renderer, roles=self._roles(params), prefixes=replays,
+            renderer=policy.renderer, roles=self._roles(params),
         )
-        if isinstance(policy, ExpertGuided):
-            self.guided += policy.guided
         by_key: dict[str, list[Trajectory]] = {}
         for traj in trajs:
             by_key.setdefault(traj.task_id, []).append(traj)
@@ -301,51 +255,6 @@ class EpisodeRollouts:
 
     def _make_env(self):
         return make_env(self.env_name, **self.env_options)
-
-    def _restart_points(self, policy: Policy, runs: list[tuple[Task, int]], limits: RolloutLimits,
-                        params: SamplingParams) -> tuple[list[tuple[Task, int]], dict[str, list[Generation]]]:
-        """The runs (tasks may be swapped) and, by task id, the replies each group replays before sampling.
-
-        Each run's task is played once greedily. `restarts = "failures"`: a failed play is replayed up to its
-        `restart_turn`. `"failures_only"` also swaps a task the greedy policy solves for one it fails: per run
-        left, 4 fresh candidates are screened greedily, for up to `resample_rounds` (at least 1) rounds; a run
-        still without a failure keeps its task and starts afresh.
-        """
-        s = self.settings
-        if self._roles(params):
-            raise ValueError(f"grpo: restarts replay the model's replies, but env {self.env_name!r} has model roles "
-                             f"{sorted(self._roles(params))}, whose answers would differ on replay")
-        greedy = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=0)
-        played: dict[str, Trajectory] = {}
-
-        def screen(tasks: list[Task]) -> None:
-            todo = list({t.id: t for t in tasks if t.id not in played}.values())
-            for traj in run_episodes(policy, self._make_env, todo, 1, limits, greedy, renderer=policy.renderer,
-                                     progress=False):
-                played[traj.task_id] = traj
-                self.greedy.append(traj.score.success)
-
-        def failed(task: Task) -> bool:
-            return not played[task.id].score.success
-
-        runs = list(runs)
-        screen([t for t, _ in runs])
-        for _ in range(max(1, s.resample_rounds) if s.restarts == "failures_only" else 0):
-            missing = [i for i, (t, _) in enumerate(runs) if not failed(t)]
-            pool = [t for t in self.tasks.values() if t.id not in played]
-            if not missing or not pool:
-                break
-            candidates = self.rng.sample(pool, min(len(pool), 4 * len(missing)))
-            screen(candidates)
-            for i, task in zip(missing, [t for t in candidates if failed(t)], strict=False):
-                runs[i] = (task, runs[i][1])
-        prefixes = {}
-        for task, _ in runs:
-            turns = restart_turn(played[task.id])
-            if failed(task) and turns:
-                prefixes[task.id] = replayed(played[task.id], turns)
-        self.restarted += len(prefixes)
-        return runs, prefixes
 
     def _roles(self, params: SamplingParams) -> dict[str, Role]:
         """The env's model roles (e.g. a user simulator), built once; each rollout gets this call's seed."""
@@ -420,8 +329,7 @@ class EpisodeRollouts:
     def _log(self, episodes, drawn, groups, replaced: int, left: int, wall_s: float) -> None:
         """One line of rollouts.jsonl. `success`, `progress`, `reward` and `turns` are the trained batch's (after
         dynamic sampling); `drawn_success` and `drawn_reward` those of the groups TRL's sampler drew, before any
-        was replaced: the policy's success and reward on uniformly drawn training tasks (with `restarts`, from
-        its restart states). Dynamic sampling replaces a group whose rewards are all equal, most often a task
+        was replaced: the policy's success and reward on uniformly drawn training tasks. Dynamic sampling replaces a group whose rewards are all equal, most often a task
         every episode solves alike, so the trained batch leaves out more easy tasks as the policy improves."""
         if self.log_path is None:
             return
@@ -429,7 +337,7 @@ class EpisodeRollouts:
         # main process logs them all, gathered.
         mine = [(t.score.success, t.score.progress, self._total(t), len(t.turns)) for t in episodes]
         first = [(t.score.success, self._total(t)) for t in drawn]
-        counts = [(len(groups), left, replaced, len(self.greedy), sum(self.greedy), self.restarted, self.guided)]
+        counts = [(len(groups), left, replaced)]
         if self.trainer.accelerator.num_processes > 1:
             mine, first, counts = gather_object(mine), gather_object(first), gather_object(counts)
         if not self.trainer.accelerator.is_main_process:
@@ -449,12 +357,6 @@ class EpisodeRollouts:
             "replaced_groups": sum(c[2] for c in counts),
             "wall_s": round(wall_s, 3),
         }
-        if self.settings.restarts != "none":  # greedy episodes of every group played, replacements included
-            line["greedy_episodes"] = sum(c[3] for c in counts)
-            line["greedy_success"] = sum(c[4] for c in counts) / max(1, line["greedy_episodes"])
-            line["restarted_groups"] = sum(c[5] for c in counts)
-        if self.settings.guide:  # replacements' episodes included
-            line["guided_turns"] = sum(c[6] for c in counts)
         with self.log_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 
