@@ -11,19 +11,10 @@ from turnforge.envs.base import expert_text, load_tasks
 from turnforge.models import load_model
 from turnforge.policies.base import Generation
 from turnforge.policies.scripted import ExpertPolicy
-from turnforge.train.grpo import (
-    COMPONENTS,
-    EpisodeGRPOTrainer,
-    EpisodeRollouts,
-    GRPOSettings,
-    component_reward,
-    episode_sequence,
-    grpo_config,
-    prompt_groups,
-    real_spans,
-    run_grpo,
-    task_dataset,
-)
+from turnforge.rewards import COMPONENTS
+from turnforge.train.grpo import GRPOSettings, component_reward, grpo_config, run_grpo, task_dataset
+from turnforge.train.grpo_rollouts import EpisodeRollouts, Group, episode_sequence
+from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, prompt_groups, real_spans
 from turnforge.types import Message, Score, StopReason, Trajectory, Turn
 
 ENV_OPTIONS = {"format": "act_line", "max_steps": 3}
@@ -259,8 +250,8 @@ def test_rollouts_log_the_drawn_groups_apart_from_the_trained_batch(tmp_path):
     (line,) = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert line["replaced_groups"] == 1  # the solved task's group, for the spare task's
     assert line["drawn_success"] == 0.75 and line["success"] == 0.5  # drawn: 2 + 1 of 4 succeed; trained: 1 + 1
-    replayed = rollouts._episodes(None, [(solved, 2), (mixed, 2)])  # the scripted policy plays them alike again
-    rewards = [rollouts._total(traj) for _, group in replayed for traj in group]
+    replayed = rollouts._episodes(None, [Group(solved, 2), Group(mixed, 2)])  # the scripted policy plays them alike again
+    rewards = [rollouts._total(traj) for group in replayed for traj in group.episodes]
     assert line["drawn_reward"] == pytest.approx(sum(rewards) / 4)
     assert line["reward"] < line["drawn_reward"]
 
@@ -311,7 +302,7 @@ def test_step_advantages_compare_turns_that_saw_the_same_observation():
 
 def test_step_credit_trainer_adds_the_step_term_to_each_token(household_sft_model_dir, tmp_path):
     """TRL's batch carries (B, T) advantages: TRL's own episode advantage plus omega x the step term per token."""
-    from turnforge.train.grpo import COMPONENTS, StepCreditGRPOTrainer
+    from turnforge.train.grpo_trainer import StepCreditGRPOTrainer
 
     model, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
     options = {"format": "act_line", "max_steps": 4}
@@ -368,7 +359,7 @@ def test_rollouts_run_the_model_in_its_own_dtype_not_accelerates_autocast(tiny_m
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from turnforge.train.grpo import own_precision
+    from turnforge.train.grpo_rollouts import own_precision
 
     plain, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
     model, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
