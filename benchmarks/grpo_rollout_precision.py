@@ -1,4 +1,4 @@
-"""GRPO's rollouts on a CPU: the model in its own dtype (turnforge, `train.grpo.own_precision`) vs under the bf16
+"""GRPO's rollouts on a CPU: the model in its own dtype (turnforge, `train.grpo_rollouts.own_precision`) vs under the bf16
 autocast accelerate wraps a mixed-precision model's forward in (what TRL's own generation runs).
 
 The quickstart's GRPO batch: 4 train tasks x 8 episodes, temperature 1, top_p 0.9, with the given model prepared by
@@ -28,7 +28,7 @@ from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.recipes import load_recipe
 from turnforge.rollout import RolloutLimits, run_episodes
-from turnforge.train.grpo import own_precision
+from turnforge.train.grpo_rollouts import own_precision
 
 QUICKSTART_ENV = load_recipe("quickstart").env_options()
 

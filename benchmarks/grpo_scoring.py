@@ -28,14 +28,10 @@ from trl import GRPOTrainer
 from turnforge.envs.base import load_tasks
 from turnforge.models import load_model
 from turnforge.recipes import load_recipe
-from turnforge.train.grpo import (
-    COMPONENTS,
-    EpisodeGRPOTrainer,
-    EpisodeRollouts,
-    component_reward,
-    grpo_config,
-    task_dataset,
-)
+from turnforge.rewards import COMPONENTS
+from turnforge.train.grpo import component_reward, grpo_config, task_dataset
+from turnforge.train.grpo_rollouts import EpisodeRollouts
+from turnforge.train.grpo_trainer import EpisodeGRPOTrainer
 from turnforge.train.settings import GRPOSettings
 
 QUICKSTART_ENV = load_recipe("quickstart").env_options()

@@ -11,20 +11,10 @@ from turnforge.envs.base import expert_text, load_tasks
 from turnforge.models import load_model
 from turnforge.policies.base import Generation
 from turnforge.policies.scripted import ExpertPolicy
-from turnforge.train.grpo import (
-    COMPONENTS,
-    EpisodeGRPOTrainer,
-    EpisodeRollouts,
-    GRPOSettings,
-    component_reward,
-    episode_sequence,
-    grpo_config,
-    prompt_groups,
-    real_spans,
-    restart_turn,
-    run_grpo,
-    task_dataset,
-)
+from turnforge.rewards import COMPONENTS
+from turnforge.train.grpo import GRPOSettings, component_reward, grpo_config, run_grpo, task_dataset
+from turnforge.train.grpo_rollouts import EpisodeRollouts, Group, episode_sequence
+from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, prompt_groups, real_spans
 from turnforge.types import Message, Score, StopReason, Trajectory, Turn
 
 ENV_OPTIONS = {"format": "act_line", "max_steps": 3}
@@ -55,16 +45,6 @@ def test_a_replayed_turn_is_in_the_sequence_without_loss():
     traj = _episode()
     traj.turns[0].learn = False
     assert episode_sequence(traj, max_completion_length=100)[2] == [0, 0, 0, 0, 0, 1, 1]
-
-
-@pytest.mark.parametrize(("progress", "expected"), [
-    ([0.0, 0.0, 0.0], 0),  # never progressed: start afresh
-    ([0.0, 0.5, 0.5, 1.0, 1.0], 4),  # after the last gain
-    ([0.5, 0.5, 0.25, 0.5], 1),  # a fall and a return to the same level is no gain
-])
-def test_restart_turn_is_the_turn_after_the_last_progress_gain(progress, expected):
-    turns = [Turn(str(k), progress=p) for k, p in enumerate(progress)]
-    assert restart_turn(Trajectory("t", "e", "c", [], turns, Score(False, 0.0, 0.0), StopReason.failure)) == expected
 
 
 def test_episode_sequence_refuses_windowed_episodes():
@@ -254,7 +234,7 @@ def test_rollouts_log_the_drawn_groups_apart_from_the_trained_batch(tmp_path):
     group: the trained batch's reward leaves that group out, the drawn reward counts it."""
     from types import SimpleNamespace
 
-    options = RESTART_OPTIONS  # the expert solves every task within its steps
+    options = {"format": "act_line", "max_steps": 25}  # the expert solves every task within its steps
     tasks = load_tasks("household", "train", limit=3, **options)
     solved, mixed, spare = tasks
     settings = GRPOSettings(tasks_per_step=2, num_generations=2, dynamic_sampling=True, resample_rounds=1)
@@ -270,71 +250,10 @@ def test_rollouts_log_the_drawn_groups_apart_from_the_trained_batch(tmp_path):
     (line,) = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert line["replaced_groups"] == 1  # the solved task's group, for the spare task's
     assert line["drawn_success"] == 0.75 and line["success"] == 0.5  # drawn: 2 + 1 of 4 succeed; trained: 1 + 1
-    replayed = rollouts._episodes(None, [(solved, 2), (mixed, 2)])  # the scripted policy plays them alike again
-    rewards = [rollouts._total(traj) for _, group in replayed for traj in group]
+    replayed = rollouts._episodes(None, [Group(solved, 2), Group(mixed, 2)])  # the scripted policy plays them alike again
+    rewards = [rollouts._total(traj) for group in replayed for traj in group.episodes]
     assert line["drawn_reward"] == pytest.approx(sum(rewards) / 4)
     assert line["reward"] < line["drawn_reward"]
-
-
-class StallsGreedily(ExpertPolicy):
-    """The expert, except that greedily (temperature 0), on the tasks in `stall`, it looks around instead of acting
-    once it has made progress: its greedy play fails there, its samples succeed from any state."""
-
-    name = "stalls"
-
-    def __init__(self, stall: set[str]):
-        super().__init__()
-        self.stall = stall
-        self.asked: list[tuple[str, int, float]] = []
-
-    def generate(self, prompts, params):
-        out = []
-        for p in prompts:
-            self.asked.append((p.task.id.split("#")[0], p.turn, params.temperature))
-            stalls = params.temperature == 0 and p.task.id.split("#")[0] in self.stall and p.env.progress > 0
-            out += [Generation(expert_text(p.env, p.env.action_message("look")))] if stalls else super().generate([p], params)
-        return out
-
-
-RESTART_OPTIONS = {"format": "act_line", "max_steps": 25}
-
-
-def _restart_rollouts(restarts: str, stall: set[str], tasks) -> tuple[EpisodeRollouts, StallsGreedily]:
-    policy = StallsGreedily(stall)
-    settings = GRPOSettings(tasks_per_step=2, num_generations=2, restarts=restarts, resample_rounds=1)
-    rollouts = EpisodeRollouts("household", RESTART_OPTIONS, tasks, None, settings, policy_factory=lambda *a: policy)
-    rollouts.trainer = None
-    return rollouts, policy
-
-
-def test_failure_restarts_replay_the_greedy_play_up_to_its_last_progress():
-    tasks = load_tasks("household", "train", limit=3, **RESTART_OPTIONS)
-    rollouts, policy = _restart_rollouts("failures", {tasks[0].id}, tasks)
-    groups = rollouts._episodes(None, [(tasks[0], 2), (tasks[1], 2)])
-    assert rollouts.greedy == [False, True] and rollouts.restarted == 1
-    first_progress = [next(i for i, turn in enumerate(t.turns) if turn.progress > 0) for t in groups[0][1]]
-    k = first_progress[0] + 1
-    assert first_progress == [k - 1, k - 1]  # the same replayed states in every episode of the group
-    for traj in groups[0][1]:  # restarted: the greedy play's turns up to its first progress, then sampled
-        assert [turn.learn for turn in traj.turns] == [False] * k + [True] * (len(traj.turns) - k)
-        assert traj.score.success and traj.task_id == tasks[0].id
-    sampled = [turn for task, turn, temp in policy.asked if temp > 0 and task == tasks[0].id]
-    assert min(sampled) == k  # the replayed turns were not asked of the policy
-    assert all(t.learn for traj in groups[1][1] for t in traj.turns)  # greedy solved task 1: played afresh
-
-
-def test_failures_only_swaps_a_task_greedy_solves_for_one_it_fails():
-    tasks = load_tasks("household", "train", limit=4, **RESTART_OPTIONS)
-    rollouts, _ = _restart_rollouts("failures_only", {tasks[2].id, tasks[3].id}, tasks)
-    groups = rollouts._episodes(None, [(tasks[0], 2), (tasks[1], 2)])
-    assert sorted(task.id for task, _ in groups) == sorted([tasks[2].id, tasks[3].id])
-    assert rollouts.restarted == 2 and sorted(rollouts.greedy) == [False, False, True, True]
-    assert all(not group[0].turns[0].learn for _, group in groups)
-
-
-def test_restarts_setting_is_checked():
-    with pytest.raises(ValueError, match="restarts"):
-        GRPOSettings(restarts="failure")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -383,7 +302,7 @@ def test_step_advantages_compare_turns_that_saw_the_same_observation():
 
 def test_step_credit_trainer_adds_the_step_term_to_each_token(household_sft_model_dir, tmp_path):
     """TRL's batch carries (B, T) advantages: TRL's own episode advantage plus omega x the step term per token."""
-    from turnforge.train.grpo import COMPONENTS, StepCreditGRPOTrainer
+    from turnforge.train.grpo_trainer import StepCreditGRPOTrainer
 
     model, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
     options = {"format": "act_line", "max_steps": 4}
@@ -440,7 +359,7 @@ def test_rollouts_run_the_model_in_its_own_dtype_not_accelerates_autocast(tiny_m
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from turnforge.train.grpo import own_precision
+    from turnforge.train.grpo_rollouts import own_precision
 
     plain, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
     model, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")

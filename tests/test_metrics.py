@@ -6,6 +6,7 @@ import doctest
 
 import pytest
 
+from turnforge import estimators
 from turnforge.eval import metrics
 from turnforge.eval.metrics import SUMMARY_KEYS, k_values, pass_at_k, pass_hat_k, summarize, wilson_interval
 from turnforge.types import Message, Score, StopReason, Trajectory, Turn
@@ -82,6 +83,7 @@ def test_k_values_are_powers_of_two_up_to_samples():
 
 def test_docstring_examples():
     assert doctest.testmod(metrics).failed == 0
+    assert doctest.testmod(estimators).failed == 0 and doctest.testmod(estimators).attempted >= 3
 
 
 def _traj(task: str, sample: int, success: bool, category: str, stop: StopReason, turns: int) -> Trajectory:

@@ -1,12 +1,7 @@
 """RFT selection: successes kept, deduplicated, shortest first, capped per task; yield per category."""
 
-import json
-from functools import partial
 
-from turnforge.data.rft import mask_defects, replies_key, select_rft
-from turnforge.envs.base import load_tasks, make_env, tasks_of
-from turnforge.policies import ExpertPolicy, ReplayPolicy
-from turnforge.rollout import run_episodes
+from turnforge.data.rft import replies_key, select_rft
 from turnforge.types import Message, Score, StopReason, Trajectory, Turn
 
 
@@ -62,25 +57,3 @@ def test_best_keeps_one_failed_episode_above_the_progress_bar():
 def test_replies_key_ignores_whitespace_only():
     assert replies_key(_ep("t", ["go  to a"], True)) == replies_key(_ep("t", [" go to a "], True))
     assert replies_key(_ep("t", ["go to a"], True)) != replies_key(_ep("t", ["go to b"], True))
-
-
-def test_mask_defects_leaves_the_slips_of_a_kept_household_episode_as_context(tmp_path):
-    """Expert episodes with a slip put in (an impossible command, a repeated `go to`), played through the real
-    rollout loop: replayed, exactly the slipped replies lose their loss; the recovery around them keeps it."""
-    tasks = load_tasks("household", "test", limit=3)
-    experts = run_episodes(ExpertPolicy(), partial(make_env, "household"), tasks, 1)
-    lines = []
-    for k, (task, traj) in enumerate(zip(tasks, experts, strict=True)):
-        replies = [m.content for m in traj.messages if m.role == "assistant"]
-        slip = "ACTION: fly to the moon" if k != 1 else replies[0]  # task 1: the first `go to` twice in a row
-        lines.append({"task_id": task.id, "replies": replies[:1] + [slip] + replies[1:]})
-    (tmp_path / "r.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    played = run_episodes(ReplayPolicy(tmp_path / "r.jsonl"), partial(make_env, "household"), tasks, 1)
-    assert all(t.score.success for t in played)
-    kept, _ = select_rft(played, keep="success")
-    counts = mask_defects(kept, partial(make_env, "household"), tasks_of(kept, "household"))
-    assert counts == {"masked": 3, "episodes": 3, "not_replayable": 0}
-    for traj in kept:
-        assert [k for k, turn in enumerate(traj.turns) if not turn.learn] == [1]
-    # kept.jsonl carries the mask to the fine-tuning (`trajectory_examples` gives learn=False replies no loss)
-    assert [t.learn for t in Trajectory.from_json(kept[0].to_json()).turns] == [t.learn for t in kept[0].turns]

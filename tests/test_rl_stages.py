@@ -150,18 +150,6 @@ def test_rft_with_nothing_to_keep_passes_the_model_on(tiny_model_dir, tmp_path):
     assert rft["model"] == str(tiny_model_dir) and summary["eval"]["eval"]["n_episodes"] == 1
 
 
-def test_rft_whose_kept_replies_are_all_slips_passes_the_model_on(tiny_model_dir, tmp_path):
-    """keep = "best" keeps one episode per task of the untrained model, but none of its replies parses: with
-    `mask_defects` every reply is context, nothing is left to learn, and the stage passes the model on."""
-    text = _rft_recipe(tiny_model_dir, 'keep = "best"\nmin_progress = 0.0\nmask_defects = true')
-    summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
-    rft = summary["stages"]["rft"]["result"]
-    assert rft["yield"]["kept"] == 2 and rft["steps"] == 0 and rft["model"] == str(tiny_model_dir)
-    masked = rft["yield"]["masked"]
-    assert masked["episodes"] == 2 and masked["masked"] >= 2 and masked["left"] == 0 and masked["not_replayable"] == 0
-    assert not (tmp_path / "run/stages/01-rft/kept.jsonl").exists()
-
-
 def test_grpo_and_envtune_inputs_include_the_env(tmp_path):
     """Issue 11: a finished grpo/envtune stage trained under other env options (hints) is not reused."""
     from turnforge.pipeline import plan_stages
@@ -186,25 +174,19 @@ def test_grpo_and_envtune_split_and_env_options_are_checked(tmp_path):
     assert "stages.envtune.env: env 'household' has no option 'no_such_option'" in message
 
 
-def test_rft_guided_sampling_keeps_episodes_the_expert_helped_the_untrained_model_finish(tiny_model_dir, tmp_path):
-    """`guide = 0.9`: the env's expert writes most replies, so the untrained model's episodes can succeed; they
-    are kept and trained on, and the sampling's run.json records the guidance (a rerun without it is another run)."""
-    text = _rft_recipe(tiny_model_dir, "guide = 0.9\ntrain = { max_steps = 2 }").replace(
-        "max_steps = 2\n[[stages]]", 'max_steps = 20\nexpert = "explorer"\n[[stages]]')
-    summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
-    rft = summary["stages"]["rft"]["result"]
-    assert rft["yield"]["kept"] >= 1 and rft["steps"] == 2
-    run = json.loads((tmp_path / "run/stages/01-rft/samples/run.json").read_text())
-    assert run["policy_options"]["guide"] == 0.9
-    with pytest.raises(RecipeError, match="guide"):
-        _load(_rft_recipe(tiny_model_dir, "guide = 1.0"), tmp_path)
+@pytest.mark.parametrize("field", ["guide = 0.5", "mask_defects = true"])
+def test_removed_rft_options_are_refused_by_name(tiny_model_dir, tmp_path, field):
+    """guide and mask_defects were removed (docs/quickstart.md measured no gain); a recipe that sets one is told."""
+    with pytest.raises(RecipeError, match=field.split(" ")[0]):
+        _load(_rft_recipe(tiny_model_dir, field), tmp_path)
 
 
-def test_guide_is_for_model_policies():
-    from turnforge.policies import make_policy
-
-    with pytest.raises(ValueError, match="guide .*model policies"):
-        make_policy("expert", guide=0.5)
+@pytest.mark.parametrize("field", ['restarts = "failures"', "guide = 0.25"])
+def test_removed_grpo_options_are_refused_by_name(tmp_path, field):
+    """restarts and guide were removed (docs/quickstart.md measured no gain); a recipe that sets one is told."""
+    text = recipe_text("tiny").replace('kind = "grpo"\nsteps = 2', f'kind = "grpo"\nsteps = 2\n{field}')
+    with pytest.raises(RecipeError, match=f"stages.grpo.*{field.split(' ')[0]}"):
+        _load(text, tmp_path)
 
 
 def test_aim_at_failures_returns_the_failed_tasks_and_draws_replay_from_the_successes():
@@ -231,9 +213,9 @@ def test_aim_at_failures_returns_the_failed_tasks_and_draws_replay_from_the_succ
 
 def test_rft_aimed_at_greedy_failures_samples_only_them_and_repeats_the_kept(tiny_model_dir, tmp_path):
     """aim = "greedy_failures": the stage plays its tasks greedily first (stages/NN-rft/greedy) and samples only
-    those it failed (here all: the untrained model solves none; the expert's guidance makes samples succeed);
+    those it failed (here all: the untrained model solves none; keep = "best" keeps an episode of each);
     repeat_kept = 2 trains on each kept episode twice."""
-    fields = 'aim = "greedy_failures"\nreplay = 3\nrepeat_kept = 2\nguide = 0.9\ntrain = { max_steps = 2 }'
+    fields = 'aim = "greedy_failures"\nreplay = 3\nrepeat_kept = 2\nkeep = "best"\nmin_progress = 0.0\ntrain = { max_steps = 2 }'
     text = _rft_recipe(tiny_model_dir, fields).replace("max_steps = 2\n[[stages]]", 'max_steps = 20\nexpert = "explorer"\n[[stages]]')
     summary = run_recipe(_load(text, tmp_path), tmp_path / "run")
     rft = summary["stages"]["rft"]["result"]
@@ -242,7 +224,6 @@ def test_rft_aimed_at_greedy_failures_samples_only_them_and_repeats_the_kept(tin
     assert len(greedy) == 2 and not any(e["score"]["success"] for e in greedy)
     greedy_run = json.loads((stage_dir / "greedy/run.json").read_text())
     assert greedy_run["samples"] == 1 and greedy_run["sampling"]["temperature"] == 0.0
-    assert "guide" not in greedy_run["policy_options"]  # the greedy play is the model's own
     sampled = json.loads((stage_dir / "samples/run.json").read_text())
     assert sampled["task_ids"] == sorted(e["task_id"] for e in greedy) and sampled["samples"] == 2
     report = rft["yield"]

@@ -24,10 +24,6 @@ observation; text is never re-tokenized, and `Prompt.ids` carries them. With a h
 afresh from the windowed messages and kept in `Turn.prompt_ids`, so every turn is a token-exact
 (prompt, completion) pair. Without a renderer (scripted policies) the ids stay empty.
 
-Restarts: `prefixes[task_id]` are replies replayed, not generated, as the first turns of that task's episodes
-(their ids as recorded, so the sequence stays token-exact): the episodes start from the state a recorded episode
-reached, then the policy goes on (GRPO's failure restarts). The env must be deterministic given the replies.
-
     turnforge eval --env household --policy expert --split test --tasks 30 --out runs/expert
 """
 
@@ -47,7 +43,7 @@ from typing import Any, TypeVar
 from turnforge.envs.base import Env, UsesRoles
 from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
 from turnforge.models.chat import ChatRenderer
-from turnforge.policies.base import Generation, Policy, Prompt, SamplingParams
+from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.policies.queue import ModelThread, Role, RoleClient, RoleQueues, RoleStats
 from turnforge.types import Task, Trajectory
 
@@ -69,7 +65,6 @@ def run_episodes(
     roles: dict[str, Role] | None = None,
     stats: dict[str, RoleStats] | None = None,
     progress: bool = True,
-    prefixes: dict[str, list[Generation]] | None = None,
 ) -> list[Trajectory]:
     """Run `samples_per_task` episodes of every task (except the `(task_id, sample)` keys in `skip`).
 
@@ -78,14 +73,13 @@ def run_episodes(
     `policy.renderer`). Returns the trajectories in task order, then sample order, whatever order they
     finished in; `on_finish` sees each one as soon as it finishes. Envs are reused across episodes
     (`reset`), except one that raised. `stats`, when given, receives each role's batching figures. `progress`
-    shows episodes done on stderr (off in a Ray worker: the driver shows the run's). `prefixes` maps a task id to
-    the replies its episodes replay before the policy is asked (see the module docstring).
+    shows episodes done on stderr (off in a Ray worker: the driver shows the run's).
     Callable from synchronous code (TRL's `rollout_func`) and from inside a running event loop: the episodes'
     event loop runs on a thread of its own, and the model calls run on the calling thread.
     """
     job = _Run(
         policy, env_factory, limits or RolloutLimits(), params or SamplingParams(), on_finish, seed, renderer,
-        roles or {}, progress, prefixes or {},
+        roles or {}, progress,
     )
     episodes = [
         Episode(t, s, i)
@@ -130,13 +124,12 @@ def _run_on_loop_thread(job: _Run, episodes: list[Episode]) -> list[Trajectory]:
 class _Run:
     """One `run_episodes` call: its episodes' shared parts (queues, env pool, idle envs, output)."""
 
-    def __init__(self, policy, env_factory, limits, params, on_finish, seed, renderer, roles, progress, prefixes) -> None:
+    def __init__(self, policy, env_factory, limits, params, on_finish, seed, renderer, roles, progress) -> None:
         if "agent" in roles:
             raise ValueError("the agent role is the policy itself; give the other roles (user, judge, teacher)")
         self.roles = {"agent": Role(policy, params), **roles}
         self.policy, self.env_factory, self.limits = policy, env_factory, limits
         self.on_finish, self.seed, self.renderer, self.progress = on_finish, seed, renderer, progress
-        self.prefixes: dict[str, list[Generation]] = prefixes
         self.idle_envs: list[Env] = []
         self.made_envs: list[Env] = []
         self.stats: dict[str, RoleStats] = {}
@@ -195,13 +188,9 @@ class _Run:
         """One episode, start to end: reset -> (generate -> parse -> step)* -> score."""
         ep.env = self.idle_envs.pop() if self.idle_envs else self.make_env(ep)
         await self.env_call(ep, self.reset, ep)
-        replay = deque(self.prefixes.get(ep.task.id, ()))
         while not ep.closed:
-            if replay:
-                gen = replay.popleft()
-            else:
-                gen, share = await self.queues.generate("agent", self.prompt(ep), ep.order)
-                ep.generate_s += share  # each episode carries its share of the batched call
+            gen, share = await self.queues.generate("agent", self.prompt(ep), ep.order)
+            ep.generate_s += share  # each episode carries its share of the batched call
             await self.env_call(ep, step_episode, ep, gen, self.limits, self.renderer)
         traj = await self.env_call(ep, to_trajectory, ep, self.seed, self.policy.name)
         if ep.error is None:

@@ -13,14 +13,10 @@ fewer generated tokens), as in rejection-sampling fine-tuning where the most eff
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any, Literal
 
-from turnforge.data.dpo_pairs.judging import MiningSettings
-from turnforge.data.dpo_pairs.mining import replay_trajectory
-from turnforge.envs.base import Env
 from turnforge.rewards import reply_key
-from turnforge.types import Task, Trajectory
+from turnforge.types import Trajectory
 
 
 def replies_key(traj: Trajectory) -> tuple[str, ...]:
@@ -88,26 +84,3 @@ def yield_report(sampled: list[Trajectory], kept: list[Trajectory]) -> dict[str,
         c: counts([t for t in sampled if t.category == c], [t for t in kept if t.category == c]) for c in categories
     }
     return report
-
-
-def mask_defects(kept: list[Trajectory], env_factory: Callable[[], Env], tasks: dict[str, Task]) -> dict[str, int]:
-    """Set `Turn.learn = False` on every reply of `kept` that the env flags as defective when the episode is
-    replayed (`replay_trajectory`: "Nothing happens.", a loop, a format error, ...), so that fine-tuning on a
-    successful episode learns the recovery that followed a slip, not the slip (a DART-style mask on the model's
-    own episodes). Counts: {"masked": replies masked, "episodes": episodes with one, "not_replayable": ...}.
-
-    An episode whose replay differs from its record (a stochastic env) keeps every reply learnable.
-    """
-    counts = {"masked": 0, "episodes": 0, "not_replayable": 0}
-    for traj in kept:
-        judged = replay_trajectory(traj, env_factory, tasks[traj.task_id], MiningSettings())
-        if judged is None:
-            counts["not_replayable"] += 1
-            continue
-        masked = 0
-        for turn, j in zip(traj.turns, judged, strict=True):
-            if j.defects and turn.learn:
-                turn.learn, masked = False, masked + 1
-        counts["masked"] += masked
-        counts["episodes"] += masked > 0
-    return counts

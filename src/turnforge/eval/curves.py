@@ -17,7 +17,6 @@ CURVES = (
     ("metrics.jsonl", "step", "reward", "reward per step"),
     ("rollouts.jsonl", "batch", "success", "rollout success per batch"),
     ("rollouts.jsonl", "batch", "drawn_reward", "reward of the drawn tasks per batch (before dynamic sampling)"),
-    ("rollouts.jsonl", "batch", "greedy_success", "greedy success per batch (restarts' screening)"),
     ("metrics.jsonl", "step", "kl", "KL to the reference"),
     ("metrics.jsonl", "step", "entropy", "entropy"),
 )  # fmt: skip

@@ -128,7 +128,7 @@ def stage_result_text(kind: str, result: dict[str, Any]) -> str:
         )
     if kind == "rft":
         y = result["yield"]
-        if not result["steps"]:  # nothing kept, or nothing left to learn after mask_defects
+        if not result["steps"]:  # nothing kept (or the greedy play solved every task it aimed at)
             return f"kept {y['kept']} of {y['sampled']} sampled episodes, none to learn from: model unchanged"
         return (
             f"kept {y['kept']} of {y['sampled']} sampled episodes (yield {100 * y['yield']:.1f}%), "

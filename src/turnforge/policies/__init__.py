@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnforge.policies.base import BackendError, Generation, Policy, Prompt, SamplingParams
-from turnforge.policies.scripted import ExpertGuided, ExpertPolicy, RandomPolicy, ReplayPolicy
+from turnforge.policies.scripted import ExpertPolicy, RandomPolicy, ReplayPolicy
 
 __all__ = [
     "BackendError",
@@ -73,15 +73,9 @@ def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: A
     `model` is the checkpoint for the model backends when the spec does not name one (`--policy hf --model
     PATH`); `seed` drives `random` and the expert's noise; `options` are the model backend's own settings (hf:
     device, dtype, window, batch_size, adapter; openai: concurrency, request_timeout, max_retries, api_key_env),
-    or the expert's `noise`. `guide` > 0 (model backends): the env's expert writes that share of the replies
-    (`ExpertGuided`; rft's guided sampling).
+    or the expert's `noise`.
     """
     parsed = PolicySpec.parse(spec)
-    guide = options.pop("guide", 0.0)
-    if guide:
-        if parsed.kind not in MODEL_BACKENDS:
-            raise ValueError(f"guide (the expert writes a share of the replies) is for model policies, not {spec!r}")
-        return ExpertGuided(make_policy(spec, model, seed, **options), guide, seed=seed)
     if parsed.kind == "expert":
         unknown = sorted(set(options) - {"noise"})
         if unknown:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from turnforge.envs.base import Env, SupportsAdmissible, SupportsExpert, SupportsNearMisses, expert_text
-from turnforge.policies.base import Generation, Prompt, SamplingParams, turn_draw
+from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.types import Message, ToolCall, Trajectory, json_records
 
 
@@ -102,58 +102,6 @@ class ExpertPolicy:
         if not actions:
             return None
         return expert_text(env, env.action_message(rng.choice(actions)))
-
-
-class ExpertGuided:
-    """Expert-guided exploration for RL: at a drawn share of turns the reply is the env's expert's, elsewhere
-    `inner`'s (the model being trained).
-
-    Sampling cannot reach a better reply the model gives no probability (the quickstart's SFT model takes a placed
-    object back with p(take) >= 0.994 in 7 of 11 such states, docs/quickstart.md); an expert reply at the state
-    the model reached can, and the group's reward then decides whether it is kept: an episode whose expert turn
-    led to success gets a positive advantage on that turn's tokens, as on its own. Off-policy guidance in the
-    manner of LUFFY (Yan et al. 2025, "Learning to Reason under Off-Policy Guidance"), at the turn level. The
-    expert is asked only at the turns it writes; a stateful one must follow the episode's other turns itself
-    (the household explorer does, through the env's steps: `Explorer.observe`). Expert replies are tokenized as
-    a model writes them (`ChatRenderer.completion_ids`) and carry log-probability 0 (they were not sampled; TRL's
-    importance correction, vLLM's, is therefore refused with guidance). `guided` counts the expert's replies.
-    Measured on the quickstart (docs/quickstart.md, sixteenth session): it did not move the certain mistake.
-    """
-
-    def __init__(self, inner, share: float, seed: int = 0):
-        if not 0.0 <= share < 1.0:
-            raise ValueError(f"guide is the share of replies the expert writes, in [0, 1), got {share}")
-        self.inner, self.share, self.seed = inner, share, seed
-        self.name = f"{inner.name}+expert"
-        self.renderer = inner.renderer
-        self.guided = 0
-        if hasattr(inner, "release"):
-            self.release = inner.release
-        if hasattr(inner, "max_in_flight"):
-            self.max_in_flight = inner.max_in_flight
-
-    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
-        guided = [turn_draw("guide", self.seed, p) < self.share for p in prompts]
-        out: list[Generation | None] = [self._expert(p) if g else None for p, g in zip(prompts, guided, strict=True)]
-        rest = [i for i, g in enumerate(guided) if not g]
-        if rest:
-            for i, gen in zip(rest, self.inner.generate([prompts[i] for i in rest], params), strict=True):
-                out[i] = gen
-        return out  # type: ignore[return-value]
-
-    def _expert(self, prompt: Prompt) -> Generation:
-        env = _env_of(prompt, "expert-guided")
-        if not isinstance(env, SupportsExpert):
-            raise ValueError(f"guide > 0 needs an env with an expert (expert_reply()); "
-                             f"{getattr(env, 'name', type(env).__name__)!r} has none")
-        gen = _ask_env(prompt, "expert-guided", lambda: Generation(text=expert_text(env)))
-        if gen.finish_reason == "exhausted":
-            return gen
-        self.guided += 1
-        if self.renderer is None:
-            return gen
-        ids = self.renderer.completion_ids([*prompt.messages, Message("assistant", gen.text)], prompt.tools)
-        return Generation(gen.text, ids, [0.0] * len(ids))
 
 
 class RandomPolicy:

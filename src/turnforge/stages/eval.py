@@ -48,12 +48,12 @@ def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContex
 
 def run_rollouts(
     stage: RolloutStage, index: int, out: Path, ctx: RunContext, scripted_options: dict[str, Any] | None = None,
-    guide: float = 0.0, task_ids: Collection[str] | None = None,
+    task_ids: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Episodes of `stage.policy` on `stage.split` into `out` (resumable); returns the eval summary.
 
-    `scripted_options` go to a scripted policy (collect's expert `noise`); `guide` to a model policy (rft's
-    expert-guided sampling, `ExpertGuided`); `task_ids` keeps only those of the split's first `stage.tasks`
+    `scripted_options` go to a scripted policy (collect's expert `noise`); `task_ids` keeps only those of the
+    split's first `stage.tasks`
     (rft's sampling of what its greedy play failed). With the recipe's `[scale] ray` set
     they run on Ray workers (collect, eval and rft's sampling alike)."""
     model_path, model_options = None, {"policy_options": scripted_options} if scripted_options else {}
@@ -67,8 +67,6 @@ def run_rollouts(
             "dtype": ctx.recipe.model.dtype,
             "batch_size": stage.batch_size,
         }
-        if guide:
-            policy_options["guide"] = guide
         model_options = {"params": stage.sampling(), "policy_options": policy_options}
     env, env_options = ctx.recipe.stage_env(stage)
     return run_eval(

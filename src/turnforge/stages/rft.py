@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import logging
 import random
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from turnforge.data.rft import mask_defects, select_rft
-from turnforge.envs.base import get_env_spec, make_env, tasks_of
+from turnforge.data.rft import select_rft
 from turnforge.eval.runner import read_episodes
 from turnforge.rundir import EPISODES_FILE
 from turnforge.scale.processes import main_process_result
@@ -63,14 +61,6 @@ class RFTStageConfig(RolloutStage, TrainStage):
     skip_solved: bool = False
     """Keep nothing of a task whose samples all succeeded (the model already does it): what is kept is then
     where the model is still unreliable (DAPO's filter of zero-variance groups, applied to RFT)."""
-    mask_defects: bool = False
-    """Replay each kept episode in the env and train on none of the replies it flags as defective ("Nothing
-    happens.", a loop, a format error: `turnforge.data.rft.mask_defects`); they stay as context, so a success
-    that recovered from a slip teaches the recovery, not the slip."""
-    guide: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """The share of the sampled replies the env's expert writes, at the state the episode reached (`ExpertGuided`);
-    the kept successes then hold its replies where the model's own failed, and also the model's mistakes that a
-    later expert reply repaired (docs/quickstart.md, sixteenth session: not better than unguided there). 0 = off."""
     aim: Literal["all", "greedy_failures"] = "all"
     """all: sample every task. greedy_failures: play each task greedily first and sample only the tasks that play
     failed, so what is kept is where the greedy policy (the one evaluated) fails and some sample does not
@@ -117,8 +107,6 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
     if not n_kept:  # nothing to learn from: the model goes on unchanged, and the run says so
         if report.get("greedy_failures") == 0:
             why = "the greedy play solved every task (aim = greedy_failures)"
-        elif report["kept"]:  # episodes were kept, but mask_defects left none of their replies to learn
-            why = f"every reply of the {report['kept']} episodes kept is a defect (mask_defects)"
         else:
             why = f"no episode to keep out of {n_episodes} (success rate {sampled['success']:.3f})"
         logger.warning("stage %s: %s; the model is passed on untrained. Sample more (samples, tasks), set keep = "
@@ -152,16 +140,10 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
             (stage_dir / REPLAY_FILE).unlink(missing_ok=True)
         if not task_ids:  # the greedy play solves every task: nothing to aim at
             return screen, 0, 0, {"kept": 0, **report_greedy}
-    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx, guide=stage.guide, task_ids=task_ids)
+    sampled = run_rollouts(stage, index, stage_dir / SAMPLES_DIR, ctx, task_ids=task_ids)
     episodes = read_episodes(stage_dir / SAMPLES_DIR / EPISODES_FILE)
     kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress, stage.skip_solved)
     report.update(report_greedy)
-    if kept and stage.mask_defects:
-        env_name, raw_options = ctx.recipe.stage_env(stage)
-        options = get_env_spec(env_name).coerce_options(raw_options)
-        report["masked"] = mask_defects(kept, partial(make_env, env_name, **options), tasks_of(kept, env_name, **options))
-        kept = [t for t in kept if any(turn.learn for turn in t.turns)]  # every reply a slip: nothing to learn
-        report["masked"]["left"] = len(kept)
     if kept:
         (stage_dir / KEPT_FILE).write_text("".join(t.to_json() + "\n" for t in kept), encoding="utf-8")
     return sampled, len(episodes), len(kept), report

@@ -9,7 +9,7 @@ are the prompt and the observations, which have no label, and the head took a th
 model; not a reference model that TRL prepares, with mixed precision, in its constructor): on a CPU, the labelled positions are gathered
 first, their count rounded up to `ROW_MULTIPLE` rows (oneDNN builds a kernel per new shape:
 `train.runtime.cpu_bf16_args`), and scored by the same kernel with the settings TRL chose (read from its head:
-temperature, outputs, fp32 head, logit scale, softcap). The outputs are scattered back where TRL's would be, zero
+temperature, outputs, fp32 head, logit scale, softcap: `trl_internals.fused_head_settings`). The outputs are scattered back where TRL's would be, zero
 elsewhere, so the loss, its gradient and the logged metrics are TRL's. Any other call (another device, MoE router
 logits, pre-shifted labels, sharded weights) goes to TRL's head unchanged.
 """
@@ -17,7 +17,6 @@ logits, pre-shifted labels, sharded weights) goes to TRL's head unchanged.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import types
 from contextlib import nullcontext
@@ -26,17 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from trl.kernels import ChunkedLogProbFunction
-from trl.trainer.utils import FusedCausalLMOutput
 
-from turnforge.train.runtime import autocast_wrapped_forward
+from turnforge.train.trl_internals import FusedCausalLMOutput, autocast_wrapped_forward, fused_head_settings
 
 logger = logging.getLogger(__name__)
 
 ROW_MULTIPLE = 128
 VOCAB_CHUNK = 32768  # vocabulary columns per tile: TRL's own width (`_CHUNKED_LOGPROB_CHUNK_SIZE`)
-# What TRL's patched forward closes over (TRL 1.16); without them its head is left as it is.
-_SETTINGS = ("temperature", "outputs", "cast_lm_head_to_fp32", "logit_scale", "final_logit_softcapping",
-             "backbone_attr", "text_config")
 
 
 def score_labelled_only(trainer) -> None:
@@ -57,11 +52,10 @@ def patch_model(model) -> bool:
         return True
     if autocast_wrapped_forward(model) is not None:  # TRL prepares reference models in its constructor: a forward
         return False  # put in front of accelerate's autocast wrapper would run outside its autocast
-    names = inspect.getclosurevars(func).nonlocals if func is not None and func.__closure__ else {}
-    if not all(name in names for name in _SETTINGS):
+    s = fused_head_settings(trl_forward)  # what TRL's head closes over (`trl_internals`)
+    if s is None:
         logger.warning("TRL's fused LM head was not found on %s: every position is scored", type(model).__name__)
         return False
-    s = {name: names[name] for name in _SETTINGS}
     text_config = s["text_config"]
 
     @functools.wraps(type(model).forward)  # generate validates its kwargs against the model's own signature

@@ -25,7 +25,7 @@ from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback", "autocast_wrapped_forward",
+__all__ = ["CHECKPOINT_DIR", "METRICS_FILE", "MODEL_DIR", "MetricsFileCallback",
            "checkpointing_on", "expanded_cache", "last_complete_checkpoint",
            "resume_point", "runtime_args", "save_trained", "training_dtype", "trl_config", "cpu_bf16_args"]
 # transformers 5.x renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns).
@@ -89,12 +89,6 @@ def cpu_bf16_args(args: dict[str, Any]) -> dict[str, Any]:
                        "several times slower (the quickstart's SFT: 1,544 s on a 2-core AVX2 CPU, 428 s with AVX512-BF16)")
         return {**args, "bf16": False}
     return {"pad_to_multiple_of": CPU_BF16_PAD, **args}
-
-
-def autocast_wrapped_forward(model) -> Any | None:
-    """The forward accelerate wrapped in autocast when it prepared `model` for mixed precision (it keeps it in
-    `_original_forward`), or None for a model it has not wrapped."""
-    return model.__dict__.get("_original_forward")
 
 
 def expanded_cache(prefix, rows: int, config) -> DynamicCache:

@@ -30,7 +30,6 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "apo_zero", "apo_down", "sigmoid_norm")
 GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
 SCALE_REWARDS = ("group", "batch", "none")
-RESTARTS = ("none", "failures", "failures_only")
 PACKING = (False, True, "batch", "prefix")
 
 
@@ -275,9 +274,6 @@ class GRPOSettings:
     explore: float = 1.0
     """The share of replies sampled; the others are the greedy reply (`SamplingParams.explore`). Below 1 the
     group's episodes follow the greedy policy, which is what is evaluated, and leave it at a few turns."""
-    guide: float = 0.0
-    """The share of replies the env's expert writes instead of the model, at the state the episode reached
-    (`ExpertGuided`: expert-guided exploration, kept or not by the group's reward); 0 = off."""
     max_new_tokens: int = 256
     """Tokens per assistant turn."""
     max_turns: int | None = None
@@ -293,12 +289,6 @@ class GRPOSettings:
     """GiGPO's gamma: the episode reward discounted per turn back to each turn (0.95 in the paper)."""
     dynamic_sampling: bool = False
     """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
-    restarts: str = "none"
-    """Where groups start. "none": at the task's start. "failures": each task is first played once greedily;
-    if that fails, the group's episodes replay it up to the turn after its last progress gain and sample from
-    there (the replayed turns carry no loss). "failures_only": also swaps the tasks greedy solves for fresh
-    ones it fails (screened greedily, `resample_rounds` rounds). Costs the greedy episodes; the env must be
-    deterministic given the replies (no sampled user)."""
     resample_rounds: int = 2
     """How many times dynamic sampling may try again per generation batch."""
     lora: LoraSpec | None = None
@@ -327,7 +317,6 @@ class GRPOSettings:
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("explore", 0 <= self.explore <= 1 and (self.explore == 1 or self.temperature > 0),
              "in [0, 1], and below 1 only with a temperature above 0"),
-            ("guide", 0 <= self.guide < 1, "in [0, 1)"),
             ("epsilon", self.epsilon >= 0, "0 or more"),
             ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
             ("top_k", self.top_k >= 0, "0 (off) or more"),
@@ -335,7 +324,6 @@ class GRPOSettings:
             ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
             ("step_advantage_weight", self.step_advantage_weight >= 0, "0 (off) or more"),
             ("step_discount", 0 < self.step_discount <= 1, "in (0, 1]"),
-            ("restarts", self.restarts in RESTARTS, " or ".join(RESTARTS)),
         ])
         if isinstance(self.rewards, dict):
             self.rewards = RewardWeights(**self.rewards)
@@ -346,10 +334,6 @@ class GRPOSettings:
                 f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
                 f"num_generations = {self.episodes_per_step}"
             )
-        if self.guide and self.use_vllm:
-            raise ValueError("grpo setting guide > 0 puts replies vLLM did not sample into the batch, and TRL's "
-                             "importance correction would weigh them by a sampling log-prob they do not have: "
-                             "leave use_vllm off with guide")
         if self.explore < 1 and self.use_vllm and self.trl.get("vllm_mode") == "server":
             raise ValueError("grpo setting explore below 1 needs a temperature per reply, which trl vllm-serve's "
                              "client does not take: use vllm_mode = \"colocate\" or leave use_vllm off")

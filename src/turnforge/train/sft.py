@@ -61,6 +61,7 @@ from turnforge.train.runtime import (
     trl_config,
 )
 from turnforge.train.settings import SFTSettings
+from turnforge.train.trl_internals import add_train_tokens, metric_lists, train_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -199,16 +200,15 @@ class BatchRowPacker:
 class BatchPackedSFTTrainer(SFTTrainer):
     """TRL's SFTTrainer on `BatchRowPacker` batches. TRL counts a batch with position ids and no attention mask as
     its own padding-free layout, one row, so its `num_tokens` would count one row of several: counted here as
-    every row's width (padding included, as TRL counts a padding-free row). It reads and corrects TRL's private
-    token counter (`_total_train_tokens`, TRL 1.16), which a TRL upgrade may rename; the packing test checks it."""
+    every row's width (padding included, as TRL counts a padding-free row), through TRL's private token counter
+    (`trl_internals.add_train_tokens`)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        counted = self._total_train_tokens
+        counted = train_tokens(self)
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         rows = inputs["input_ids"].shape[0]
-        if self._total_train_tokens != counted and rows > 1:
-            self._total_train_tokens = counted + (self._total_train_tokens - counted) * rows
-            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+        if train_tokens(self) != counted and rows > 1:
+            add_train_tokens(self, counted, rows)
         return result
 
 
@@ -280,7 +280,7 @@ class SharedPrefixSFTTrainer(SFTTrainer):
         if num_items_in_batch is None:  # TRL's own divisor for a batch: its label count
             num_items_in_batch = (labels[:, 1:] != -100).sum()
         prefix = model(input_ids=ids[:1, :p], use_cache=True, logits_to_keep=1).cache
-        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics = metric_lists(self)
         marks = {name: len(metrics[name]) for name in ("entropy", "mean_token_accuracy")}
         loss, weights = None, []
         for rows, width in prefix_chunks(labels, mask, p, self.ROWS_PER_CHUNK, self.PREFIX_BLOCK):

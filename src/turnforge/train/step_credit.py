@@ -88,7 +88,7 @@ def group_step_advantages(
 
 def token_values(traj: Trajectory, per_turn: Sequence[float], length: int) -> list[float]:
     """`per_turn[k]` on turn k's generated ids, 0 on the observation ids between turns: the layout of the
-    completion `turnforge.train.grpo.episode_sequence` builds from the same `episode_pieces`, cut to `length`."""
+    completion `turnforge.train.grpo_rollouts.episode_sequence` builds from the same `episode_pieces`, cut to `length`."""
     values: list[float] = []
     for (generated, observation), value in zip(episode_pieces(traj), per_turn, strict=True):
         values += [value] * len(generated) + [0.0] * len(observation)

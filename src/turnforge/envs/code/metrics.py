@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from turnforge.eval.metrics import pass_at_k
+from turnforge.estimators import pass_at_k
 from turnforge.types import Trajectory
 
 

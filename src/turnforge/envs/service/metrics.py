@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from turnforge.eval.metrics import pass_at_k, pass_hat_k
+from turnforge.estimators import pass_at_k, pass_hat_k
 from turnforge.types import Trajectory
 
 

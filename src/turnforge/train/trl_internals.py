@@ -1,0 +1,158 @@
+"""Every place turnforge reaches into TRL's (or accelerate's) private internals, in one module.
+
+TRL has no public hook for these; each is verified on the versions in `VERIFIED`, and `HOOKS` names each one
+with a check that `tests/test_trl_internals.py` runs, so that a TRL upgrade that moves one fails that test with
+the hook's name instead of silently changing training. Where TRL has a public hook, turnforge uses it instead:
+the multi-turn episodes reach TRL through `rollout_func` (its `env_mask` and extra reward fields), and the
+reward components through reward functions that receive those extra fields.
+
+  hook                              what turnforge does with it
+  GRPOTrainer._get_per_token_logps_and_entropies
+                                    scores each episode on its own tokens (`GRPOTrainerHooks.score_tokens`)
+  GRPOTrainer._generate_and_score_completions
+                                    adds GiGPO's per-token term to the advantages (`token_advantages`)
+  fused head closure                reads the settings TRL's fused LM head closes over (`fused_head_settings`)
+  SFTTrainer token counter          corrects SFT's `num_tokens` for packed rows (`add_train_tokens`)
+  SFTTrainer metric lists              merges chunked SFT's per-chunk metrics into one (`metric_lists`)
+  accelerate `_original_forward`    the forward before accelerate's autocast wrapper (`autocast_wrapped_forward`)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from trl import GRPOTrainer, SFTTrainer
+from trl.trainer.utils import FusedCausalLMOutput
+
+__all__ = ["HOOKS", "VERIFIED", "FusedCausalLMOutput", "GRPOTrainerHooks", "add_train_tokens", "train_tokens",
+           "autocast_wrapped_forward", "fused_head_settings", "metric_lists"]
+
+VERIFIED = "trl 1.16.0, transformers 5.24.0, accelerate 1.15.0"
+"""The versions every hook below was verified on (pyproject.toml pins TRL to this minor version)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GRPOTrainer: two private steps, renamed to public methods a subclass overrides
+
+
+class GRPOTrainerHooks(GRPOTrainer):
+    """TRL's GRPOTrainer with its two private steps that turnforge changes turned into public methods:
+    `score_tokens` (None: TRL's own scoring) and `token_advantages` (the identity: TRL's advantages)."""
+
+    def score_tokens(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                     compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(log-probabilities, entropies) of the last `logits_to_keep` positions, or None to let TRL score."""
+        return None
+
+    def token_advantages(self, advantages: torch.Tensor, completion_ids: torch.Tensor) -> torch.Tensor:
+        """The advantages TRL's loss takes, from TRL's (B,) episode advantages: (B,) or (B, T)."""
+        return advantages
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **media):
+        scored = None
+        if not compute_aux_loss and all(v is None for v in media.values()):  # text only: no router, no images
+            scored = self.score_tokens(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
+        if scored is None:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **media)
+        return (*scored, None)  # TRL's third output: the auxiliary (router) loss
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        output["advantages"] = self.token_advantages(output["advantages"], output["completion_ids"])
+        return output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TRL's fused LM head
+
+FUSED_HEAD_SETTINGS = ("temperature", "outputs", "cast_lm_head_to_fp32", "logit_scale", "final_logit_softcapping",
+                       "backbone_attr", "text_config")
+"""What the forward `trl.trainer.utils.add_fused_lm_head` patches in closes over."""
+
+
+def fused_head_settings(forward: Callable) -> dict[str, Any] | None:
+    """The settings TRL's patched `forward` (a bound method) closes over, or None where they are not all there."""
+    func = getattr(forward, "__func__", None)
+    names = inspect.getclosurevars(func).nonlocals if func is not None and func.__closure__ else {}
+    if not all(name in names for name in FUSED_HEAD_SETTINGS):
+        return None
+    return {name: names[name] for name in FUSED_HEAD_SETTINGS}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SFTTrainer's token counter and metric lists
+
+
+def add_train_tokens(trainer, counted: int, factor: int) -> None:
+    """Scale what TRL counted since `counted` by `factor` (its `num_tokens` metric follows); `counted` is the
+    counter's value read with `train_tokens` before the step."""
+    trainer._total_train_tokens = counted + (trainer._total_train_tokens - counted) * factor
+    trainer._metrics["train"]["num_tokens"] = [trainer._total_train_tokens]
+
+
+def train_tokens(trainer) -> int:
+    """The trainer's running count of training tokens (TRL's `num_tokens` metric)."""
+    return trainer._total_train_tokens
+
+
+def metric_lists(trainer) -> dict[str, list[float]]:
+    """The lists of values TRL averages into each logged metric, for the mode the model is in."""
+    return trainer._metrics["train" if trainer.model.training else "eval"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# accelerate
+
+
+def autocast_wrapped_forward(model) -> Any | None:
+    """The forward accelerate wrapped in autocast when it prepared `model` for mixed precision (it keeps it in
+    `_original_forward`), or None for a model it has not wrapped."""
+    return model.__dict__.get("_original_forward")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checks
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    check: Callable[[], bool]
+    """True while the installed library still has what the hook relies on."""
+
+
+def _params(method: Callable) -> list[str]:
+    return list(inspect.signature(method).parameters)
+
+
+def _source_has(obj: Any, *snippets: str) -> bool:
+    source = inspect.getsource(obj)
+    return all(snippet in source for snippet in snippets)
+
+
+def _accelerate_wrapper() -> bool:
+    from accelerate import Accelerator
+
+    return _source_has(Accelerator.prepare_model, "model._original_forward = model.forward")
+
+
+HOOKS = (
+    Hook("GRPOTrainer._get_per_token_logps_and_entropies", lambda: _params(
+        GRPOTrainer._get_per_token_logps_and_entropies)[:8] == ["self", "model", "input_ids", "attention_mask",
+        "logits_to_keep", "batch_size", "compute_entropy", "compute_aux_loss"] and _source_has(
+        GRPOTrainer._get_per_token_logps_and_entropies, "return logps, entropies, aux_loss")),
+    Hook("GRPOTrainer._generate_and_score_completions", lambda: _params(
+        GRPOTrainer._generate_and_score_completions) == ["self", "inputs"] and _source_has(
+        GRPOTrainer._generate_and_score_completions, '"advantages": advantages', '"completion_ids": completion_ids')),
+    Hook("SFTTrainer._total_train_tokens and SFTTrainer._metrics", lambda: _source_has(
+        SFTTrainer, "self._total_train_tokens += ", 'self._metrics[mode]["num_tokens"] = [self._total_train_tokens]')),
+    Hook("accelerate's model._original_forward", _accelerate_wrapper),
+)
+"""The hooks checked without a model; the fused head's closure is checked on a patched model
+(`fused_head_settings` is not None), in `tests/test_trl_internals.py`."""

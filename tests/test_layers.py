@@ -1,0 +1,46 @@
+"""The package layering the design asks for, read from the source with `ast` (imports anywhere in a file count)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import turnforge
+
+ROOT = Path(turnforge.__file__).parent
+
+
+def imported_packages(package: str) -> dict[str, set[str]]:
+    """For each top-level turnforge package imported from `package`, the files that import it."""
+    out: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "turnforge" and len(parts) > 1 and parts[1] != package:
+                    out.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
+    return out
+
+
+def test_envs_do_not_import_eval():
+    assert "eval" not in imported_packages("envs"), imported_packages("envs")["eval"]
+
+
+TRL_PRIVATE = {"_get_per_token_logps_and_entropies", "_generate_and_score_completions", "_total_train_tokens",
+               "_metrics", "_original_forward", "getclosurevars", "_tokenizer"}
+
+
+def test_trl_internals_are_reached_from_one_module_only():
+    """Every use of a TRL / accelerate private name is in `train/trl_internals.py`, where each is checked."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        if path.name == "trl_internals.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text)):
+            name = node.attr if isinstance(node, ast.Attribute) else node.value if isinstance(node, ast.Constant) else None
+            if name in TRL_PRIVATE:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert found == []
