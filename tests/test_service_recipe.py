@@ -5,19 +5,45 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from run_documents import assert_documented
 from turnforge.recipes import load_recipe
 
 
 def test_full_recipe_follows_the_seed():
+    """The seed's settings end to end (seed 002's eval config and training details)."""
     recipe = load_recipe("tau_sft_rft_grpo")
     grpo = recipe.stage("grpo")
-    assert recipe.env.name == "service" and recipe.env_options()["max_steps"] == 100
+    options = recipe.env_options()
+    assert recipe.env.name == "service" and options["max_steps"] == 100
+    assert options["user"] == "base" and options["user_temperature"] == 0.7  # a model user in every stage
     assert (grpo.epsilon, grpo.epsilon_high) == (0.2, 0.28)
     assert grpo.rewards.outcome == 1.0 and grpo.rewards.progress == 0.25
-    final = recipe.stage("eval-grpo")
-    assert (final.temperature, final.top_p, final.samples) == (0.8, 1.0, 4)
+    for name in ("eval-base", "eval-grpo"):
+        final = recipe.stage(name)
+        assert (final.temperature, final.top_p, final.top_k, final.samples) == (0.8, 1.0, 20, 4)
+        assert recipe.stage_env(final)[1].get("on_bad_call", "end") == "end"  # tau2's rule where it is scored
+    assert all(stage.top_k == 20 for stage in recipe.stages if hasattr(stage, "top_k"))
     assert recipe.stage("collect").policy == "expert" and recipe.stage("rft").keep == "success"
+
+
+def test_a_base_user_is_the_base_model_in_every_stage_that_plays(tmp_path):
+    from turnforge.stages.context import RunContext
+
+    recipe = load_recipe("tau_sft_rft_grpo")
+    ctx = RunContext(recipe, tmp_path)
+    playing = [s for s in recipe.stages if s.kind != "sft"]
+    assert [s.id for s in playing] == ["eval-base", "collect", "rft", "grpo", "eval-grpo"]
+    assert {ctx.stage_env(s)[1]["user"] for s in playing} == {"hf:Qwen/Qwen3-4B-Instruct-2507"}
+    assert recipe.stage_env(recipe.stage("grpo"))[1]["user"] == "base"  # as written: the run dir's hash stays put
+
+
+def test_user_base_outside_a_recipe_is_one_clear_line():
+    from turnforge.envs.service import model_roles
+
+    with pytest.raises(ValueError, match="user=base names a recipe's base model.*hf:PATH"):
+        model_roles({"user": "base"})
 
 
 def test_tiny_recipe_runs_every_stage(tmp_path):

@@ -157,7 +157,7 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
     kept, report = select_rft(episodes, stage.keep, stage.max_per_task, stage.min_progress, stage.skip_solved)
     report.update(report_greedy)
     if kept and stage.mask_defects:
-        env_name, raw_options = ctx.recipe.stage_env(stage)
+        env_name, raw_options = ctx.stage_env(stage)
         options = get_env_spec(env_name).coerce_options(raw_options)
         report["masked"] = mask_defects(kept, partial(make_env, env_name, **options), tasks_of(kept, env_name, **options))
         kept = [t for t in kept if any(turn.learn for turn in t.turns)]  # every reply a slip: nothing to learn
