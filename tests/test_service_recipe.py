@@ -59,3 +59,14 @@ def test_tiny_recipe_runs_every_stage(tmp_path):
     final = summary["eval"]["grpo"]
     assert final["n_episodes"] == 4 and "desk" in final["env_metrics"]
     assert set(final["env_metrics"]["desk"]["pass^k"]) == {"1", "2"}
+
+
+def test_grpo_dataset_prompts_of_a_model_user_env_need_no_user_role():
+    """GRPO's dataset prompts only carry task ids; building them used to reset the env without the `user` role
+    (KeyError 'user' before the first step of a grpo stage with a model user)."""
+    from turnforge.envs.base import load_tasks
+    from turnforge.train.grpo import task_dataset
+
+    tasks = load_tasks("service", "train", domain="desk")[:2]
+    dataset = task_dataset("service", {"domain": "desk", "user": "hf:not-loaded"}, tasks)
+    assert [p[-1]["task_id"] for p in dataset["prompt"]] == [t.id for t in tasks]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from turnforge.envs.base import get_env_spec
 from turnforge.models.tiny import resolve_model
 from turnforge.rundir import MODELS_DIR, STAGES_DIR
 from turnforge.scale.processes import main_process_result
@@ -18,8 +19,6 @@ if TYPE_CHECKING:  # the recipe loader imports the stage kinds; a stage only cal
 BASE_ROLE = "base"
 """A model role's env option set to this (`user = "base"`) plays the role with the recipe's base model, frozen:
 the tau2 seed trains against a user simulator that is a copy of its base model (a local Qwen3-4B-Instruct)."""
-ROLE_OPTIONS = ("user", "judge")
-"""The env options that name a model role (the service env's user simulator and NL judge)."""
 
 @dataclass
 class ModelRef:
@@ -63,7 +62,7 @@ class RunContext:
         """(env name, options) `stage` plays (`Recipe.stage_env`), a role named "base" resolved to
         `hf:PATH` of the base model: [model] as it was, never a stage's training of it."""
         name, options = self.recipe.stage_env(stage)
-        for key in ROLE_OPTIONS:
+        for key in get_env_spec(name).role_options:
             if options.get(key) == BASE_ROLE:
                 options[key] = f"hf:{self.base_model().path}"
         return name, options

@@ -106,6 +106,7 @@ SERVICE_SPEC = register_env(
         splits=SPLITS,
         env_metrics=service_metrics,
         model_roles=model_roles,
+        role_options=("user", "judge"),
         vocabulary=vocabulary,
         corpus_options=("domain", "data_dir", "tasks"),
         options=[
