@@ -93,3 +93,13 @@ def test_the_env_records_the_faults_and_the_summary_counts_failed_episodes():
                                episode(False, [], StopReason.env_error)])["desk"]["user_faults"]
     assert figures["failed"] == 2 and figures["attributed"] == 1 and figures["share"] == 0.5
     assert figures["by_fault"]["early_stop"] == 1 and figures["by_fault"]["unfounded_fact"] == 0
+
+
+def test_the_report_gives_the_share_of_failures_attributed_to_the_user(tmp_path):
+    from turnforge.eval.report import Column, user_fault_table
+
+    faults = {"failed": 4, "attributed": 1, "share": 0.25, "by_fault": {"early_stop": 1, "unfounded_fact": 0}}
+    summary = {"env_metrics": {"retail": {"user_faults": faults}}}
+    lines = user_fault_table([Column("grpo", summary, None, tmp_path)])
+    assert "| retail | grpo | 4 | 1 (25%) | early stop 1 |" in lines
+    assert user_fault_table([Column("sql", {"env_metrics": {"overall_cat_accuracy": 0.5}}, None, tmp_path)]) == []
