@@ -1,5 +1,5 @@
 """The tau2 agent recipe (SFT -> RFT -> GRPO on the service env): the full one follows the seed's settings, the
-tiny one runs end to end on the built-in desk domain (~1 min on 2 CPU cores)."""
+tiny one runs end to end on the built-in desk domain, its rollout stages against the tiny base model as the user."""
 
 from __future__ import annotations
 
@@ -58,7 +58,11 @@ def test_tiny_recipe_runs_every_stage(tmp_path):
     assert len(collected) == 4 and all(e["score"]["reward"] == 1.0 for e in collected)  # expert + scripted user
     final = summary["eval"]["grpo"]
     assert final["n_episodes"] == 4 and "desk" in final["env_metrics"]
-    assert set(final["env_metrics"]["desk"]["pass^k"]) == {"1", "2"}
+    desk = final["env_metrics"]["desk"]
+    assert set(desk["pass^k"]) == {"1", "2"}
+    assert desk["user_tokens"] > 0  # the user was the tiny base model (user = "base"), not the scripted user
+    assert desk["user_faults"]["failed"] == 4 - round(4 * final["success"])
+    assert "## Failures attributed to the user simulator" in (tmp_path / "report.md").read_text()
 
 
 def test_grpo_dataset_prompts_of_a_model_user_env_need_no_user_role():
