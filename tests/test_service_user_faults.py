@@ -103,3 +103,12 @@ def test_the_report_gives_the_share_of_failures_attributed_to_the_user(tmp_path)
     lines = user_fault_table([Column("grpo", summary, None, tmp_path)])
     assert "| retail | grpo | 4 | 1 (25%) | early stop 1 |" in lines
     assert user_fault_table([Column("sql", {"env_metrics": {"overall_cat_accuracy": 0.5}}, None, tmp_path)]) == []
+
+
+def test_a_model_user_env_without_its_role_says_so_in_one_line():
+    """Before: KeyError 'user' from deep in reset (e.g. an env made to replay episodes, outside a rollout)."""
+    import pytest
+
+    env = ServiceEnv(domain="desk", user="hf:somewhere")
+    with pytest.raises(ValueError, match="user='hf:somewhere' plays the user with a model, but no `user` role"):
+        env.reset(load_tasks("service", "train", domain="desk")[0])

@@ -101,6 +101,10 @@ class ServiceEnv:
         self.task, self.spec = task, task.data  # tau2's task dict (its own "id" keys the gold DB)
         if task.data.get("id") not in self.domain.tasks:
             raise ValueError(f"task {task.id!r} is not a task of service domain {self.domain.name!r} ({self.domain.source})")
+        if self.user_kind not in SCRIPTED_USERS and "user" not in self.clients:
+            raise ValueError(f"service env option user={self.user_kind!r} plays the user with a model, but no `user` "
+                             "role was given: run episodes through run_episodes(roles=...) (eval, recipe stages), or "
+                             "set user=scripted where no model user can play (e.g. replaying saved episodes)")
         self.state = self.domain.new_state(self.spec)
         self.db = self.state.db
         self.user: User = ScriptedUser(self.spec) if self.user_kind in SCRIPTED_USERS else \
