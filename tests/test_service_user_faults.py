@@ -112,3 +112,22 @@ def test_a_model_user_env_without_its_role_says_so_in_one_line():
     env = ServiceEnv(domain="desk", user="hf:somewhere")
     with pytest.raises(ValueError, match="user='hf:somewhere' plays the user with a model, but no `user` role"):
         env.reset(load_tasks("service", "train", domain="desk")[0])
+
+
+def test_with_a_judge_a_failure_no_rule_explains_is_reviewed():
+    task = load_tasks("service", "train", domain="desk")[0]
+
+    def failed_episode(judge_says):
+        env = ServiceEnv(domain="desk", user="hf:unused", judge="hf:unused-too")
+        judge = _Says([judge_says])
+        env.use_roles({"user": _Says(["Hello, I need some help with my appointment."]), "judge": judge})
+        env.reset(task)
+        env.step(Message("assistant", "###STOP###"))  # the agent gives up: no rule puts this on the user
+        return env.score(), judge
+
+    score, judge = failed_episode('{"user_fault": true, "reason": "it never said which appointment"}')
+    assert not score.success and score.details["user_faults"] == ["judged_user_fault"] and not judge.texts
+    score, _ = failed_episode('{"user_fault": false, "reason": "the agent quit"}')
+    assert score.details["user_faults"] == [] and "user_review" not in score.details
+    score, _ = failed_episode("I think the customer was fine.")  # not the JSON asked for: no verdict, not a fault
+    assert score.details["user_faults"] == [] and score.details["user_review"] == "no_verdict"

@@ -40,7 +40,7 @@ from turnforge.envs.service.evaluation import (
     read_judge_reply,
 )
 from turnforge.envs.service.random_calls import DRAWS, random_calls, shown_values
-from turnforge.envs.service.user_faults import user_faults
+from turnforge.envs.service.user_faults import read_review, review_messages, user_faults
 from turnforge.envs.service.users import STOP, ModelUser, ScriptedUser, User, is_user_stop
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -287,6 +287,8 @@ class ServiceEnv:
         if gold.errors:
             details["gold_errors"] = gold.errors
         success = termination in GRADED_ENDINGS and abs(reward - 1.0) < 1e-6
+        if not success and not details["user_faults"] and "judge" in self.clients:
+            self._review_user(details)
         return Score(success=success, reward=reward, progress=self.progress, details=details)
 
     def _user_faults(self, termination: str, gold: Gold) -> list[str]:
@@ -295,6 +297,15 @@ class ServiceEnv:
         has_goal = bool(gold.write_records) or self._assertion_progress()
         return user_faults(self.spec.get("user_scenario") or {}, self.conversation, self.history, termination,
                            has_goal and self.progress < 1.0, self.user_tool_errors, criteria.get("actions") or [])
+
+    def _review_user(self, details: dict[str, Any]) -> None:
+        """The judge's review of a failure no rule puts on the user (user_faults.py): a fault, or no verdict."""
+        gen = self.clients["judge"].generate(review_messages(self.spec.get("user_scenario") or {}, self.conversation))
+        verdict = read_review(gen.text)
+        if verdict is None:
+            details["user_review"] = "no_verdict"
+        elif verdict:
+            details["user_faults"].append("judged_user_fault")
 
     def _judge(self, history: list[Message], assertions: list[str]) -> list[bool]:
         """The judge's verdict per NL assertion. A reply that is not the JSON asked for is no verdict (issue 40):

@@ -61,8 +61,10 @@ def user_fault_figures(trajectories: list[Trajectory]) -> dict:
     failed = [t.score.details.get("user_faults", []) for t in trajectories
               if not t.score.success and t.stop_reason is not StopReason.env_error]  # an env error is no verdict
     attributed = sum(bool(faults) for faults in failed)
+    unreviewed = sum(t.score.details.get("user_review") == "no_verdict" for t in trajectories if not t.score.success)
     return {
         "failed": len(failed),
+        "unreviewed": unreviewed,  # the judge gave no verdict on them (user_faults.py judged_user_fault)
         "attributed": attributed,
         "share": attributed / len(failed) if failed else 0.0,
         "by_fault": {f: sum(f in faults for faults in failed) for f in USER_FAULTS},

@@ -15,8 +15,11 @@ over the failed episodes of each domain (metrics.py). The rules, checked against
                           call of the agent's transfer tool) while the task's gold writes or assertions were still unmet: tau2's
                           guidelines allow ###STOP### only once the goal is satisfied
 
-A rule can only point at the user; it cannot clear the agent (the agent may have caused the user's stop). An
-LLM review of the rest, as tau2's own analysis does, is not done here (docs/decisions.md).
+    judged_user_fault     with a `judge` role: a failed episode no rule explains, which the judge, shown the user's
+                          scenario and the conversation the user saw, says the user side broke (`review_messages`);
+                          a reply that is not the JSON asked for is no verdict (`user_review: "no_verdict"`)
+
+A rule can only point at the user; it cannot clear the agent (the agent may have caused the user's stop).
 """
 
 from __future__ import annotations
@@ -28,7 +31,16 @@ from typing import Any
 from turnforge.envs.service.users import OUT_OF_SCOPE, STOP, TRANSFER
 from turnforge.types import Message
 
-USER_FAULTS = ("protocol_break", "user_tool_error", "unfounded_fact", "missed_device_action", "early_stop")
+USER_FAULTS = ("protocol_break", "user_tool_error", "unfounded_fact", "missed_device_action", "early_stop",
+               "judged_user_fault")
+
+USER_REVIEW_SYSTEM = (
+    "You review a customer-service conversation in which the customer is played by a simulator that was given the "
+    "scenario below. Decide whether the simulated customer broke its scenario: stated information the scenario "
+    "does not give, contradicted or withheld what it was given when asked, ended the conversation before its goal "
+    "was met, or did not do on its own side what the agent asked and the scenario allows. Mistakes of the agent "
+    "are not the customer's. Reply with JSON only: {\"user_fault\": true or false, \"reason\": \"one sentence\"}"
+)
 
 TRANSFER_TOOL = "transfer_to_human_agents"  # tau2's transfer tool (retail, airline)
 
@@ -88,3 +100,24 @@ def _transferred(said: list[Message], history: list[Message]) -> bool:
     if TRANSFER not in last or STOP in last or OUT_OF_SCOPE in last:
         return False
     return any(c.name == TRANSFER_TOOL for m in history if m.role == "assistant" for c in (m.tool_calls or []))
+
+
+def review_messages(scenario: dict[str, Any], conversation: list[Message]) -> list[Message]:
+    """The judge's prompt: the user's scenario, then the conversation as the user saw it (`role: content` lines,
+    the user's tool calls as their JSON)."""
+    lines = []
+    for m in conversation:
+        calls = [{"name": c.name, "arguments": c.arguments} for c in m.tool_calls or []]
+        lines.append(f"{m.role}: {m.content}" + (f" {json.dumps(calls)}" if calls else ""))
+    text = f"scenario:\n{json.dumps(scenario, indent=1)}\n\nconversation:\n" + "\n".join(lines)
+    return [Message("system", USER_REVIEW_SYSTEM), Message("user", text)]
+
+
+def read_review(text: str) -> bool | None:
+    """The judge's `user_fault`, or None when its reply is not the JSON asked for (no verdict)."""
+    match = re.search(r"\{.*\}", text, re.S)
+    try:
+        verdict = json.loads(match.group(0))["user_fault"] if match else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return verdict if isinstance(verdict, bool) else None
