@@ -4,6 +4,7 @@ initial state, env assertions, the user calling its own tools mid-conversation, 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,55 @@ def test_a_replayed_user_replays_its_device_tool_calls(tmp_path):
     texts = [replay.generate([Prompt([], task, 0, turn)], SamplingParams())[0].text for turn in (0, 1)]
     assert texts[0] == "No data."
     assert get_format("tool_call").parse(texts[1]).tool_calls[0].name == "toggle_data"
+
+
+DATA_OFF = "[mobile_data_issue]data_mode_off|data_usage_exceeded[PERSONA:None]"  # toggle_data (user), refuel (agent)
+
+
+class _DeviceUserModel:
+    """A telecom user as a model plays it, behind the `user` role queue: it writes what the agent asks it to do on
+    its phone ("Please do this on your phone: NAME {args}", the expert's request) as a `<tool_call>` block, which
+    the env reads through the model user's parsing path, reports the result, and says ###STOP### once the agent
+    says the request is handled."""
+
+    name, renderer = "device-user", None
+
+    def __init__(self):
+        self.tools_seen: list[int] = []
+
+    def generate(self, prompts, params):
+        return [Generation(text=self._reply(p), ids=[1]) for p in prompts]
+
+    def _reply(self, prompt):
+        self.tools_seen.append(len(prompt.tools or []))
+        last = prompt.messages[-1]  # the user's view: the agent's messages as `user`, its device results as `tool`
+        if last.role == "tool":
+            return f"My phone says: {last.content[:60]}"
+        asked = re.search(r"Please do this on your phone: (\w+) (\{.*\})", last.content)
+        if asked:
+            return get_format("tool_call").render(
+                Message("assistant", "", tool_calls=[ToolCall(asked[1], json.loads(asked[2]))]))
+        return "###STOP###" if "handled" in last.content else "My mobile data is not working. Yes, go ahead."
+
+
+def test_a_model_user_performs_the_device_actions_end_to_end(domain):
+    from turnforge.policies import make_policy
+    from turnforge.policies.queue import Role
+    from turnforge.rollout import run_episodes
+
+    envs, user = [], _DeviceUserModel()
+
+    def env_factory():
+        envs.append(ServiceEnv(domain="telecom", data_dir=str(DATA), user="hf:served-by-the-role"))
+        return envs[-1]
+
+    [episode] = run_episodes(make_policy("expert"), env_factory, [domain.to_task(DATA_OFF, "train")], 1,
+                             roles={"user": Role(user)})
+    details = episode.score.details
+    assert episode.score.success and details["termination"] == "user_stop", details
+    assert details["reward_breakdown"] == {"ENV_ASSERTION": 1.0} and details["user_faults"] == []
+    assert [c.name for m in envs[-1].conversation if m.role == "user" for c in m.tool_calls or []] == ["toggle_data"]
+    state = envs[-1].state  # the phone itself: mobile data back on, and fast after the agent's refuel
+    assertions = domain.tasks[DATA_OFF]["evaluation_criteria"]["env_assertions"]
+    assert all(state.assertion_met(a) for a in assertions) and set(user.tools_seen) == {30}
+    assert not any("toggle_data" in m.content for m in episode.messages if m.role == "user")  # the user's calls stay on its side

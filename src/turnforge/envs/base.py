@@ -135,6 +135,9 @@ class EnvSpec:
     """Model roles the env's options ask for (e.g. `user=hf:PATH`): (options, agent policy spec) -> {role:
     (policy spec, or a ready scripted policy; sampling overrides)}. The eval runner builds the policies and
     passes them as `roles=` (eval/runner.py `env_roles`); the env never builds a model."""
+    role_options: tuple[str, ...] = ()
+    """The options that name a model role (service: `user`, `judge`): a recipe's "base" there is its base model
+    (stages/context.py), and an env made without them needs no role (GRPO's dataset prompts)."""
     split_size: Callable[[str, dict[str, Any]], int | None] | None = None
     """(split, options) -> how many tasks the split has, when known without building them (generated splits): a
     count beyond it is refused before any task is built. Without it (or None) the loaded tasks are counted."""

@@ -228,8 +228,28 @@ def failure_table(columns: list[Column]) -> list[str]:
     return lines
 
 
+def user_fault_table(columns: list[Column]) -> list[str]:
+    """Per domain and evaluation, the failed episodes a user-side fault explains (the service env's
+    env_metrics `user_faults`, envs/service/user_faults.py); empty when no evaluation has them."""
+    lines = []
+    for col in columns:
+        for domain, figures in sorted((col.summary.get("env_metrics") or {}).items()):
+            faults = figures.get("user_faults") if isinstance(figures, dict) else None
+            if not faults:
+                continue
+            seen = ", ".join(f"{name.replace('_', ' ')} {n}" for name, n in faults["by_fault"].items() if n) or "–"
+            lines.append(f"| {domain} | {col.label} | {faults['failed']} | {faults['attributed']} "
+                         f"({100 * faults['share']:.0f}%) | {seen} |")
+    if not lines:
+        return []
+    return ["## Failures attributed to the user simulator", "",
+            "Failed episodes showing a user-side fault (rules in docs/decisions.md; an episode may show several).", "",
+            "| domain | evaluation | failed | user-side fault | faults |", "|---|---|---:|---:|---|", *lines, ""]
+
+
 def evaluation_sections(columns: list[Column]) -> list[str]:
-    """The sections every report has: the comparison, per category, stop reasons, failure modes."""
+    """The sections every report has: the comparison, per category, stop reasons, failure modes (and the user
+    side's faults where the env attributes them)."""
     summaries = {c.label: c.summary for c in columns}
     return [
         "## Evaluation", "", comparison_markdown(summaries), "",
@@ -237,7 +257,7 @@ def evaluation_sections(columns: list[Column]) -> list[str]:
         "## Stop reasons", "", *stop_reason_table(columns), "",
         "## Failure modes", "",
         "Episodes showing each mode (total turns or actions in brackets), with the first such episode "
-        "(`turnforge view` browses them).", "", *failure_table(columns), "",
+        "(`turnforge view` browses them).", "", *failure_table(columns), "", *user_fault_table(columns),
     ]  # fmt: skip
 
 

@@ -7,12 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from turnforge.envs.base import get_env_spec
 from turnforge.models.tiny import resolve_model
 from turnforge.rundir import MODELS_DIR, STAGES_DIR
 from turnforge.scale.processes import main_process_result
 
 if TYPE_CHECKING:  # the recipe loader imports the stage kinds; a stage only calls its Recipe's methods
     from turnforge.recipes import Recipe
+    from turnforge.stages.config import StageConfig
+
+BASE_ROLE = "base"
+"""A model role's env option set to this (`user = "base"`) plays the role with the recipe's base model, frozen:
+the tau2 seed trains against a user simulator that is a copy of its base model (a local Qwen3-4B-Instruct)."""
 
 @dataclass
 class ModelRef:
@@ -51,6 +57,15 @@ class RunContext:
         """Under `accelerate launch`: the main process resolves the base model (building "tiny" is a write) and
         every process takes its answer, so that none resolves it alone later, in a stage only the main one runs."""
         self._base, self.base_build_s = main_process_result(lambda: (self.base_model(), self.base_build_s))
+
+    def stage_env(self, stage: StageConfig) -> tuple[str, dict[str, Any]]:
+        """(env name, options) `stage` plays (`Recipe.stage_env`), a role named "base" resolved to
+        `hf:PATH` of the base model: [model] as it was, never a stage's training of it."""
+        name, options = self.recipe.stage_env(stage)
+        for key in get_env_spec(name).role_options:
+            if options.get(key) == BASE_ROLE:
+                options[key] = f"hf:{self.base_model().path}"
+        return name, options
 
     def relative(self, path: Path) -> str:
         """A path inside the run directory as written in done.json (relative, so a run dir can move)."""

@@ -75,7 +75,7 @@ def run_envtune_stage(stage: _EnvTuneStage, index: int, stage_dir: Path, ctx: Ru
     from turnforge.train.curriculum import run_curriculum  # torch and TRL (seconds to import): when it runs
 
     start = ctx.model(ctx.recipe.model_source(index))
-    env, stage_options = ctx.recipe.stage_env(stage)
+    env, stage_options = ctx.stage_env(stage)
     phases = [curriculum_phase(stage, phase, env, stage_options, last=k == len(stage.phases) - 1)
               for k, phase in enumerate(stage.phases)]
     results = run_curriculum(start.path, start.adapter, env, phases, stage_dir)

@@ -56,8 +56,11 @@ def run_rollouts(
     split's first `stage.tasks`
     (rft's sampling of what its greedy play failed). With the recipe's `[scale] ray` set
     they run on Ray workers (collect, eval and rft's sampling alike)."""
-    model_path, model_options = None, {"policy_options": scripted_options} if scripted_options else {}
-    if stage.policy == "hf":  # scripted policies take no model and no sampling settings
+    # Scripted policies ignore the sampling settings; a model user simulator (env option `user`) samples with them.
+    model_path, model_options = None, {"params": stage.sampling()}
+    if scripted_options:
+        model_options["policy_options"] = scripted_options
+    if stage.policy == "hf":  # scripted policies take no model
         model = ctx.model(ctx.recipe.model_source(index))
         model_path = model.path
         policy_options = {
@@ -68,7 +71,7 @@ def run_rollouts(
             "batch_size": stage.batch_size,
         }
         model_options = {"params": stage.sampling(), "policy_options": policy_options}
-    env, env_options = ctx.recipe.stage_env(stage)
+    env, env_options = ctx.stage_env(stage)
     return run_eval(
         env=env,
         env_options=env_options,

@@ -97,7 +97,7 @@ def run_grpo_stage(stage: _GRPOStage, index: int, stage_dir: Path, ctx: RunConte
     )
 
     start = ctx.model(ctx.recipe.model_source(index))
-    env, options = ctx.recipe.stage_env(stage)
+    env, options = ctx.stage_env(stage)
     tasks = select_tasks(env, options, stage.split, stage.tasks, stage.categories, stage.difficulty)
     result = run_grpo(start.path, env, options, tasks, stage_dir, stage.settings(), start.adapter)
     return {**result, **rl_outputs(stage_dir, ctx), "tasks": len(tasks)}

@@ -53,7 +53,7 @@ from typing import Any
 import datasets
 from trl import GRPOConfig
 
-from turnforge.envs.base import make_env
+from turnforge.envs.base import get_env_spec, make_env
 from turnforge.eval.curves import quarter_means, read_points
 from turnforge.models import load_model
 from turnforge.models.tiny import resolve_model
@@ -96,7 +96,10 @@ def task_prompt(task: Task, messages: list) -> list[dict[str, str]]:
 
 
 def task_dataset(env_name: str, env_options: dict[str, Any], tasks: list[Task]) -> datasets.Dataset:
-    env = make_env(env_name, **env_options)
+    # The prompts only carry the task ids to the rollout function: made without the env's model roles (a model
+    # user's opening needs the `user` role, which only the rollouts have; the episodes play with it).
+    roles = get_env_spec(env_name).role_options
+    env = make_env(env_name, **{k: v for k, v in env_options.items() if k not in roles})
     return datasets.Dataset.from_list([{"prompt": task_prompt(t, env.reset(t))} for t in tasks])
 
 

@@ -55,6 +55,9 @@ def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tupl
             raise ValueError("--env-opt user=replay replays the conversations of --policy replay:FILE; give that policy")
         domain = load_domain(options.get("domain", "desk"), options.get("data_dir", ""), options.get("tasks", ""))
         roles["user"] = (ReplayUserPolicy(path, dual_control=domain.kind.user is not None), {})
+    elif user == "base":  # a recipe's stages resolve it (stages/context.py `RunContext.stage_env`)
+        raise ValueError("user=base names a recipe's base model and works in a recipe's stages only; "
+                         "here give the user's model as hf:PATH, vllm:PATH or openai:URL#MODEL")
     elif user not in SCRIPTED_USERS:
         PolicySpec.parse(user)  # a bad spec fails before any episode
         roles["user"] = (user, {"temperature": options.get("user_temperature", 0.7)})
@@ -103,6 +106,7 @@ SERVICE_SPEC = register_env(
         splits=SPLITS,
         env_metrics=service_metrics,
         model_roles=model_roles,
+        role_options=("user", "judge"),
         vocabulary=vocabulary,
         corpus_options=("domain", "data_dir", "tasks"),
         options=[
@@ -111,7 +115,8 @@ SERVICE_SPEC = register_env(
                       "main_policy.md, tech_support_manual.md, user_db.toml), tasks.json, optional split_tasks.json"),
             EnvOption("tasks", str, "", "another tasks JSON in tau2's schema (all its tasks form every split)"),
             EnvOption("user", str, "scripted", "scripted | replay (with --policy replay:FILE) | a policy spec for an "
-                      "LLM user simulator: hf:PATH, openai:URL#model, vllm:PATH"),
+                      "LLM user simulator: hf:PATH, openai:URL#model, vllm:PATH | base (in a recipe: its base model, "
+                      "frozen)"),
             EnvOption("user_temperature", float, 0.7, "the user simulator's sampling temperature (tau2: 0.7)"),
             EnvOption("judge", str, "", "policy spec of the NL_ASSERTION judge (empty: NL assertions not evaluated)"),
             EnvOption("max_steps", int, 100, "orchestrator steps per episode (tau2: 100)"),

@@ -30,7 +30,7 @@ import random
 from typing import Any
 
 from turnforge.envs.isolation import CheckerUnavailable
-from turnforge.envs.service.domain import Domain, load_domain
+from turnforge.envs.service.domain import Domain, Gold, load_domain
 from turnforge.envs.service.evaluation import (
     ENV_ASSERTION,
     GRADED_ENDINGS,
@@ -40,6 +40,7 @@ from turnforge.envs.service.evaluation import (
     read_judge_reply,
 )
 from turnforge.envs.service.random_calls import DRAWS, random_calls, shown_values
+from turnforge.envs.service.user_faults import read_review, review_messages, user_faults
 from turnforge.envs.service.users import STOP, ModelUser, ScriptedUser, User, is_user_stop
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -100,13 +101,17 @@ class ServiceEnv:
         self.task, self.spec = task, task.data  # tau2's task dict (its own "id" keys the gold DB)
         if task.data.get("id") not in self.domain.tasks:
             raise ValueError(f"task {task.id!r} is not a task of service domain {self.domain.name!r} ({self.domain.source})")
+        if self.user_kind not in SCRIPTED_USERS and "user" not in self.clients:
+            raise ValueError(f"service env option user={self.user_kind!r} plays the user with a model, but no `user` "
+                             "role was given: run episodes through run_episodes(roles=...) (eval, recipe stages), or "
+                             "set user=scripted where no model user can play (e.g. replaying saved episodes)")
         self.state = self.domain.new_state(self.spec)
         self.db = self.state.db
         self.user: User = ScriptedUser(self.spec) if self.user_kind in SCRIPTED_USERS else \
             ModelUser(self.clients["user"], self.spec.get("user_scenario") or {}, self._user_tools, self.format)
         self.history: list[Message] = [Message("assistant", GREETING)]  # tau2's trajectory
         self.conversation: list[Message] = [Message("assistant", GREETING)]  # what the user sees
-        self.steps = self.errors = self.tool_calls = self.user_errors = 0
+        self.steps = self.errors = self.tool_calls = self.user_errors = self.user_tool_errors = 0
         self.termination: str | None = None
         self.expert_done = 0
         self.progress = 0.0
@@ -184,6 +189,7 @@ class ServiceEnv:
             result = self.state.call(call.name, call.arguments, "user")
             self.tool_calls += 1
             self.errors += result.error
+            self.user_tool_errors += result.error
             answer = Message("tool", result.content, tool_call_id=call.id, name=call.name)
             self.history.append(answer)
             self.conversation.append(answer)
@@ -276,11 +282,30 @@ class ServiceEnv:
             "user_errors": self.user_errors,
             "user_tokens": self.user.tokens,
             "user_side": [m.to_dict() for m in self.conversation if m.role != "assistant"],
+            "user_faults": self._user_faults(termination, gold),
         }
         if gold.errors:
             details["gold_errors"] = gold.errors
         success = termination in GRADED_ENDINGS and abs(reward - 1.0) < 1e-6
+        if not success and not details["user_faults"] and "judge" in self.clients:
+            self._review_user(details)
         return Score(success=success, reward=reward, progress=self.progress, details=details)
+
+    def _user_faults(self, termination: str, gold: Gold) -> list[str]:
+        """What the user side did wrong (user_faults.py), from the scenario it was given."""
+        criteria = self.spec.get("evaluation_criteria") or {}
+        has_goal = bool(gold.write_records) or self._assertion_progress()
+        return user_faults(self.spec.get("user_scenario") or {}, self.conversation, self.history, termination,
+                           has_goal and self.progress < 1.0, self.user_tool_errors, criteria.get("actions") or [])
+
+    def _review_user(self, details: dict[str, Any]) -> None:
+        """The judge's review of a failure no rule puts on the user (user_faults.py): a fault, or no verdict."""
+        gen = self.clients["judge"].generate(review_messages(self.spec.get("user_scenario") or {}, self.conversation))
+        verdict = read_review(gen.text)
+        if verdict is None:
+            details["user_review"] = "no_verdict"
+        elif verdict:
+            details["user_faults"].append("judged_user_fault")
 
     def _judge(self, history: list[Message], assertions: list[str]) -> list[bool]:
         """The judge's verdict per NL assertion. A reply that is not the JSON asked for is no verdict (issue 40):

@@ -2,15 +2,18 @@
 
 For each domain (Task.category) and overall: pass^k and pass@k for k = 1..samples (tau2's pass^k averaged over
 tasks), mean reward, tau2 termination reasons, tool-error rate (errors / tool calls), user and agent token
-counts, user-side failures, and how many episodes had an NL_ASSERTION component left unevaluated (no judge).
+counts, user-side failures, how many episodes had an NL_ASSERTION component left unevaluated (no judge), and
+`user_faults`: how many failed episodes show a user-side fault (user_faults.py), their share, and the count of
+each fault among them.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from turnforge.envs.service.user_faults import USER_FAULTS
 from turnforge.estimators import pass_at_k, pass_hat_k
-from turnforge.types import Trajectory
+from turnforge.types import StopReason, Trajectory
 
 
 def service_metrics(trajectories: list[Trajectory]) -> dict:
@@ -43,9 +46,26 @@ def _figures(trajectories: list[Trajectory]) -> dict:
         "agent_tokens": sum(t.tokens_generated for t in trajectories),
         "user_tokens": sum(d.get("user_tokens", 0) for d in details),
         "user_failures": sum(d.get("termination") == "user_error" for d in details),
+        "user_faults": user_fault_figures(trajectories),
         "nl_assertion_not_evaluated": sum(d.get("nl_assertion_evaluated") is False for d in details),
         # success over the evaluated components is an upper bound where NL_ASSERTION was not evaluated:
         # this is the success rate of the episodes whose every reward_basis component was evaluated
         "success_fully_evaluated": mean([float(t.score.success) for t, d in zip(trajectories, details, strict=True)
                                          if d.get("nl_assertion_evaluated") is not False]),
+    }
+
+
+def user_fault_figures(trajectories: list[Trajectory]) -> dict:
+    """Over the failed episodes: how many show a user-side fault, their share, and each fault's count (an episode
+    may show several). Episodes graded before the attribution existed carry none and count as not attributed."""
+    failed = [t.score.details.get("user_faults", []) for t in trajectories
+              if not t.score.success and t.stop_reason is not StopReason.env_error]  # an env error is no verdict
+    attributed = sum(bool(faults) for faults in failed)
+    unreviewed = sum(t.score.details.get("user_review") == "no_verdict" for t in trajectories if not t.score.success)
+    return {
+        "failed": len(failed),
+        "unreviewed": unreviewed,  # the judge gave no verdict on them (user_faults.py judged_user_fault)
+        "attributed": attributed,
+        "share": attributed / len(failed) if failed else 0.0,
+        "by_fault": {f: sum(f in faults for faults in failed) for f in USER_FAULTS},
     }
