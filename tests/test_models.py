@@ -186,8 +186,9 @@ def test_a_service_recipes_tiny_model_holds_its_first_prompt_well_inside_its_con
     recipe = load_recipe("tau_sft_rft_grpo_tiny", options)
     model_dir = Path(RunContext(recipe, tmp_path).base_model().path)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    env = make_env("service", **recipe.env_options())
-    messages = [m.to_dict() for m in env.reset(load_tasks("service", "train", limit=1, **recipe.env_options())[0])]
+    options = {**recipe.env_options(), "user": "scripted"}  # (the recipe's model user needs a role; the prompt is the same)
+    env = make_env("service", **options)
+    messages = [m.to_dict() for m in env.reset(load_tasks("service", "train", limit=1, **options)[0])]
     text = tokenizer.apply_chat_template(messages, tools=env.tools(), tokenize=False, add_generation_prompt=True)
     tokens = len(tokenizer(text)["input_ids"])
     assert len(text) / tokens > 3.5, (len(text), tokens)  # the household tokenizer: 2.1-2.2 characters a token
