@@ -44,3 +44,9 @@ def test_trl_internals_are_reached_from_one_module_only():
             if name in TRL_PRIVATE:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
     assert found == []
+
+
+def test_envs_do_not_import_policies():
+    """An env reaches its model roles (a user simulator, a judge) through the call types in `turnforge.types`, and
+    is served unchanged over OpenEnv: it imports no policy (design §3)."""
+    assert "policies" not in imported_packages("envs"), imported_packages("envs")["policies"]

@@ -272,3 +272,77 @@ def trajectory_from_record(where: str, record: dict[str, Any]) -> Trajectory:
 def read_trajectories(path: str | Path) -> list[Trajectory]:
     """Every Trajectory of a JSON-lines file (episodes.jsonl, trajectories.jsonl); a bad line names its place."""
     return [traj for _, traj in trajectory_records(path)]
+
+
+# ---- model calls: what a policy (or an env's model role, e.g. a user simulator) is asked and answers -------------
+# Here, not in policies/, so that envs reach their model roles without importing policies (design §3).
+
+
+@dataclass
+class SamplingParams:
+    """Generation settings shared by every backend (scripted policies ignore most of them)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int = 0
+    explore: float = 1.0
+    """The share of replies sampled; the others are the greedy reply (argmax), chosen per reply by `explores`.
+    1 = every reply sampled (the usual); below 1, episodes play greedily and leave it at a few turns, so a
+    group's outcomes differ by what those turns did (RL aimed at the greedy policy that is evaluated)."""
+
+    def __post_init__(self) -> None:
+        # Checked here, where every backend's settings are made, so a bad value fails before any model loads.
+        problems = [
+            f"{name} {rule}, got {getattr(self, name)!r}"
+            for name, ok, rule in (
+                ("temperature", self.temperature >= 0, "must be at least 0 (0 = greedy)"),
+                ("top_p", 0 < self.top_p <= 1, "must be in (0, 1] (1 = off)"),
+                ("top_k", self.top_k >= 0, "must be at least 0 (0 = off)"),
+                ("max_new_tokens", self.max_new_tokens >= 1, "must be at least 1"),
+                ("explore", 0 <= self.explore <= 1, "must be in [0, 1]"),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ValueError("sampling: " + "; ".join(problems))
+
+
+@dataclass
+class Prompt:
+    """One open episode, as a policy sees it at its next turn."""
+
+    messages: list[Message]
+    task: Task
+    sample: int
+    turn: int
+    ids: list[int] | None = None
+    tools: list[dict] | None = None
+    env: Any = None
+    """The episode's env (scripted policies read it; model backends do not)."""
+
+    @property
+    def episode(self) -> tuple[str, int]:
+        """The key of the episode this prompt goes on with: what a policy keeps per episode (the hf prefix cache)
+        is stored under it and dropped by `release`."""
+        return (self.task.id, self.sample)
+
+
+CONTEXT_LENGTH = "context_length"
+"""The finish reason of a prompt refused for the model's context (`context_refusal`): nothing was generated, the
+text is the refusal, and the rollout ends the episode with StopReason.max_tokens."""
+
+
+@dataclass
+class Generation:
+    """One reply. `finish_reason`: "stop", "length" (hit max_new_tokens), "exhausted" (nothing left to say) or
+    "context_length" (`CONTEXT_LENGTH`: the prompt was refused, `text` says why)."""
+
+    text: str
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"
+    learn: bool = True
+    """False for a reply a training stage must not imitate (a scripted policy's deliberate mistake: `Turn.learn`)."""

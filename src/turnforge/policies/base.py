@@ -10,51 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from turnforge.models.chat import window_messages
-from turnforge.types import Message, Task
+from turnforge.types import CONTEXT_LENGTH, Generation, Prompt, SamplingParams
 
 if TYPE_CHECKING:
-    from turnforge.envs.base import Env
     from turnforge.models.chat import ChatRenderer
 
 
 class BackendNotInstalled(ImportError):
     """A policy backend whose package is not installed (the message says how to install it)."""
-
-
-@dataclass
-class SamplingParams:
-    """Generation settings shared by every backend (scripted policies ignore most of them)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    stop: list[str] = field(default_factory=list)
-    seed: int = 0
-    explore: float = 1.0
-    """The share of replies sampled; the others are the greedy reply (argmax), chosen per reply by `explores`.
-    1 = every reply sampled (the usual); below 1, episodes play greedily and leave it at a few turns, so a
-    group's outcomes differ by what those turns did (RL aimed at the greedy policy that is evaluated)."""
-
-    def __post_init__(self) -> None:
-        # Checked here, where every backend's settings are made, so a bad value fails before any model loads.
-        problems = [
-            f"{name} {rule}, got {getattr(self, name)!r}"
-            for name, ok, rule in (
-                ("temperature", self.temperature >= 0, "must be at least 0 (0 = greedy)"),
-                ("top_p", 0 < self.top_p <= 1, "must be in (0, 1] (1 = off)"),
-                ("top_k", self.top_k >= 0, "must be at least 0 (0 = off)"),
-                ("max_new_tokens", self.max_new_tokens >= 1, "must be at least 1"),
-                ("explore", 0 <= self.explore <= 1, "must be in [0, 1]"),
-            )
-            if not ok
-        ]
-        if problems:
-            raise ValueError("sampling: " + "; ".join(problems))
 
 
 def explores(params: SamplingParams, prompt: Prompt) -> bool:
@@ -72,45 +38,8 @@ def turn_draw(what: str, seed: int, prompt: Prompt) -> float:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2**64
 
 
-@dataclass
-class Prompt:
-    """One open episode, as a policy sees it at its next turn."""
-
-    messages: list[Message]
-    task: Task
-    sample: int
-    turn: int
-    ids: list[int] | None = None
-    tools: list[dict] | None = None
-    env: Env | None = None
-
-    @property
-    def episode(self) -> tuple[str, int]:
-        """The key of the episode this prompt goes on with: what a policy keeps per episode (the hf prefix cache)
-        is stored under it and dropped by `release`."""
-        return (self.task.id, self.sample)
-
-
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 """The error code of an HTTP 400 that refuses a prompt for the model's context (OpenAI's API, `turnforge serve`)."""
-CONTEXT_LENGTH = "context_length"
-"""The finish reason of a prompt refused for the model's context (`context_refusal`): nothing was generated, the
-text is the refusal, and the rollout ends the episode with StopReason.max_tokens."""
-
-
-@dataclass
-class Generation:
-    """One reply. `finish_reason`: "stop", "length" (hit max_new_tokens), "exhausted" (nothing left to say) or
-    "context_length" (`CONTEXT_LENGTH`: the prompt was refused, `text` says why)."""
-
-    text: str
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str = "stop"
-    learn: bool = True
-    """False for a reply a training stage must not imitate (a scripted policy's deliberate mistake: `Turn.learn`)."""
-
-
 @runtime_checkable
 class Policy(Protocol):
     """A batch in, one reply per prompt out (in order). The rollout calls `generate` from one worker thread per

@@ -26,7 +26,6 @@ from turnforge.envs.service.domain import ENV_NAME, domain_names, load_domain
 from turnforge.envs.service.env import BAD_CALL_ENDINGS, SCRIPTED_USERS, ServiceEnv
 from turnforge.envs.service.metrics import service_metrics
 from turnforge.envs.service.users import ReplayUserPolicy
-from turnforge.policies import PolicySpec
 from turnforge.types import Task
 
 __all__ = ["ServiceEnv", "load_service_tasks", "service_metrics"]
@@ -58,8 +57,7 @@ def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tupl
     elif user == "base":  # a recipe's stages resolve it (stages/context.py `RunContext.stage_env`)
         raise ValueError("user=base names a recipe's base model and works in a recipe's stages only; "
                          "here give the user's model as hf:PATH, vllm:PATH or openai:URL#MODEL")
-    elif user not in SCRIPTED_USERS:
-        PolicySpec.parse(user)  # a bad spec fails before any episode
+    elif user not in SCRIPTED_USERS:  # (a bad spec fails in `policies.roles.env_roles`, before any episode)
         roles["user"] = (user, {"temperature": options.get("user_temperature", 0.7)})
     if options.get("judge"):
         roles["judge"] = (options["judge"], {"temperature": 0.0})

@@ -19,8 +19,15 @@ from typing import Any, Protocol
 from turnforge.envs.service.evaluation import action_matches, actions_done_in_order
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
-from turnforge.policies.base import CONTEXT_LENGTH, Generation, Prompt, SamplingParams
-from turnforge.types import Message, ToolCall, json_records
+from turnforge.types import (
+    CONTEXT_LENGTH,
+    Generation,
+    Message,
+    Prompt,
+    SamplingParams,
+    ToolCall,
+    json_records,
+)
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 USER_STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
