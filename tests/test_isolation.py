@@ -72,6 +72,18 @@ def test_a_crashed_checker_is_no_answer(pool):
     assert _call(pool, "add", a=1, b=1).value == 2
 
 
+def test_a_child_killed_while_idle_is_replaced_not_an_env_error(pool):
+    """The OOM killer may end an idle child: the next check takes a live one (the old pool did; the shared one
+    handed out the dead child, and that check became an env error)."""
+    import time
+
+    dead = _call(pool, "pid").value
+    os.kill(dead, signal.SIGKILL)
+    time.sleep(0.2)
+    assert _call(pool, "add", a=1, b=2).value == 3
+    assert _call(pool, "pid").value != dead
+
+
 def test_a_raising_call_is_its_error(pool):
     result = _call(pool, "add", a=1, b="x")
     assert "unsupported operand" in result.error and result.over_budget is None

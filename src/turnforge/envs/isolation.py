@@ -158,13 +158,21 @@ class ChildPool:
             child.close()
 
     def _take(self) -> _Child:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            child = _Child()
-            with self._lock:
-                self._children.add(child)
-            return child
+        """An idle child that is still alive (one killed while idle, e.g. by the OOM killer, is replaced: the call
+        that takes it must not become an env error), else a new one."""
+        while True:
+            try:
+                child = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            if child.proc.poll() is None:
+                return child
+            child.close()
+            self._forget(child)
+        child = _Child()
+        with self._lock:
+            self._children.add(child)
+        return child
 
     def _forget(self, child: _Child) -> None:
         with self._lock:
