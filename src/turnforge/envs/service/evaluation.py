@@ -101,13 +101,13 @@ def evaluate(
     db: EpisodeDB,
     gold_db: EpisodeDB | None,
     assertion: Callable[[dict], bool] | None = None,
-    judge: Callable[[list[Message], list[str]], list[bool] | None] | None = None,
+    judge: Callable[[list[Message], list[str]], list[bool]] | None = None,
 ) -> dict[str, Any]:
     """{"reward", "reward_basis", "reward_breakdown", "note"?, "nl_assertion_evaluated"?, checks...}.
 
     `history` is the conversation as tau2 records it (greeting, user / assistant messages with their
     `tool_calls`, tool results); `assertion(env_assertion) -> met`; `judge(history, assertions)` -> per
-    assertion verdicts, or None when it could not answer.
+    assertion verdicts (a judge that could not answer raises `CheckerUnavailable`; no judge: not evaluated).
     """
     criteria = task.get("evaluation_criteria")
     if termination not in GRADED_ENDINGS:
