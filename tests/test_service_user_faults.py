@@ -56,6 +56,9 @@ def test_a_device_action_never_performed_and_a_user_tool_error():
     asked = [HELLO, Message("user", "No data on my phone."), Message("assistant", "Please turn mobile data on."),
              Message("user", "Done! ###STOP###")]
     assert _faults(asked, gold=[TOGGLE, REFUEL]) == ["missed_device_action"]  # said it, never called the tool
+    # the agent gave up (or ran out of errors) without the user ending anything: not the user's fault
+    assert _faults(asked[:3], termination="agent_stop", gold=[TOGGLE, REFUEL]) == []
+    assert _faults(asked[:3], termination="too_many_errors", gold=[TOGGLE, REFUEL]) == []
     toggled = [*asked[:3], Message("user", "", tool_calls=[ToolCall("toggle_data", {}, "u0")]),
                Message("tool", "Error: no such setting", tool_call_id="u0"), Message("user", "Done.")]
     assert _faults(toggled, gold=[TOGGLE, REFUEL], user_tool_errors=1) == ["user_tool_error"]

@@ -10,7 +10,9 @@ over the failed episodes of each domain (metrics.py). The rules, checked against
     unfounded_fact        the user stated an identifier (an email, an order / user id, a phone or other number of 4+
                           digits) found neither in its scenario nor earlier in the conversation: tau2's guidelines
                           forbid making up information
-    missed_device_action  a gold action the user must perform on its device (requestor "user") never happened
+    missed_device_action  the user ended the conversation while a gold action it must perform on its device
+                          (requestor "user") never happened (tau2's user acts on its phone when the agent asks: an
+                          agent that never asked and gave up is not the user's fault)
     early_stop            the user ended the conversation (###STOP###, ###OUT-OF-SCOPE###, or ###TRANSFER### with no
                           call of the agent's transfer tool) while the task's gold writes or assertions were still unmet: tau2's
                           guidelines allow ###STOP### only once the goal is satisfied
@@ -67,7 +69,7 @@ def user_faults(
     if unfounded_facts(scenario, conversation):
         faults.append("unfounded_fact")
     done = {c.name for m in said for c in (m.tool_calls or [])}
-    if any(a.get("requestor") == "user" and a.get("name") not in done for a in gold_actions):
+    if termination == "user_stop" and any(a.get("requestor") == "user" and a.get("name") not in done for a in gold_actions):
         faults.append("missed_device_action")
     if termination == "user_stop" and goal_pending and not _transferred(said, history):
         faults.append("early_stop")
