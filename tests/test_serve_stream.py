@@ -237,6 +237,22 @@ def test_a_generation_that_fails_is_a_500_answer_not_a_reset_connection(client, 
     assert not [r for r in caplog.records if r.exc_info]  # no traceback in the server's log
 
 
+def test_an_unforeseen_error_before_generation_is_an_openai_shaped_500(url, monkeypatch, caplog):
+    """Only generation was wrapped: an error while preparing a request reached Starlette's default handler
+    (a text/plain 500 and a traceback in the log)."""
+    from turnforge.policies import serve
+
+    def broken(*_args, **_kw):
+        raise TypeError("sequence item 0: expected str instance, int found")
+
+    monkeypatch.setattr(serve, "_prepare", broken)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": ROOM}], "max_tokens": 4}
+    answer = httpx.post(f"{url}/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 500 and answer.headers["content-type"].startswith("application/json")
+    assert "TypeError: sequence item 0" in answer.json()["error"]["message"]
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_a_generation_that_fails_is_an_error_event_in_a_stream_that_began(client, failing_model):
     stream = client.chat.completions.create(**_request(), stream=True)
     assert next(stream).choices[0].delta.role == "assistant"  # sent before the model ran

@@ -116,7 +116,8 @@ class APIError(Exception):
 
 
 def _failure(e: Exception) -> APIError:
-    """A failed generation as the client's 500 answer, and one line in the server's log."""
+    """A request that failed (in generation, or an unforeseen error before it) as the client's OpenAI-shaped 500
+    answer, and one line in the server's log; an APIError (a refused request) unchanged."""
     if isinstance(e, APIError):
         return e
     failure = APIError(500, f"generation failed: {type(e).__name__}: {e}")
@@ -259,17 +260,16 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
-        job = _prepare(served, request)  # a bad request is refused here, before a stream starts
-        if not request.stream:
-            try:
-                choices = await _answer(served, state, request, job)
-            except Exception as e:
-                # Raised as an APIError, whose handler answers: Starlette's catch-all `Exception` handler answers
-                # and re-raises, and uvicorn then logs a traceback and drops the connection under the answer.
-                raise _failure(e) from None
-            return _completion(served, request, job, choices)
-        answer = _run_to_the_end(state, _answer(served, state, request, job))
-        return StreamingResponse(_stream(served, request, job, answer), media_type="text/event-stream")
+        # Every failure is raised as an APIError, whose handler answers in OpenAI's shape: Starlette's catch-all
+        # `Exception` handler answers and re-raises, and uvicorn then logs a traceback and drops the connection.
+        try:
+            job = _prepare(served, request)  # a bad request is refused here, before a stream starts
+            if not request.stream:
+                return _completion(served, request, job, await _answer(served, state, request, job))
+            answer = _run_to_the_end(state, _answer(served, state, request, job))
+            return StreamingResponse(_stream(served, request, job, answer), media_type="text/event-stream")
+        except Exception as e:
+            raise _failure(e) from None
 
     return app
 
