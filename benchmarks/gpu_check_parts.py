@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config, TrainerCallback
-from trl import GRPOTrainer
 
 from gpu_check import (
     GRPO_ROW,
@@ -42,6 +41,7 @@ from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.train.grpo import GRPOSettings, run_grpo
 from turnforge.train.runtime import CHECKPOINTING_FIELD, training_dtype
 from turnforge.train.sft import SFTSettings, build_dataset, build_trainer
+from turnforge.train.trl_internals import GRPOTrainerHooks
 
 SFT_ROWS_PER_STEP = 4
 """Packed rows of `--seq-len` tokens per SFT step (the batch's examples are as many as fill them)."""
@@ -323,9 +323,11 @@ def first_turn_paged(args, model, tokenizer, batch: int, naive: float | None) ->
 def phase_seconds() -> Iterator[dict[str, float]]:
     """Seconds spent in TRL's `_generate_and_score_completions` (rollouts, rewards, advantages, log-probs before
     the loss) and `training_step` (that, plus the loss's forward + backward), summed over the block. TRL's own
-    profiling timers report to wandb / mlflow only, so its methods are wrapped here, on TRL's class."""
+    profiling timers report to wandb / mlflow only, so the methods are wrapped here, on turnforge's subclass that
+    both of `run_grpo`'s trainers derive from (`trl_internals.GRPOTrainerHooks`: the one home of TRL's internals)."""
     spent = {"generate_and_score": 0.0, "training_step": 0.0}
-    originals = {name: getattr(GRPOTrainer, name) for name in ("_generate_and_score_completions", "training_step")}
+    originals = {name: getattr(GRPOTrainerHooks, name) for name in ("_generate_and_score_completions", "training_step")}
+    own = {name for name in originals if name in vars(GRPOTrainerHooks)}
 
     def timed(name, key):
         def wrapper(self, *a, **kw):
@@ -336,13 +338,16 @@ def phase_seconds() -> Iterator[dict[str, float]]:
                 spent[key] += time.perf_counter() - start
         return wrapper
 
-    GRPOTrainer._generate_and_score_completions = timed("_generate_and_score_completions", "generate_and_score")
-    GRPOTrainer.training_step = timed("training_step", "training_step")
+    GRPOTrainerHooks._generate_and_score_completions = timed("_generate_and_score_completions", "generate_and_score")
+    GRPOTrainerHooks.training_step = timed("training_step", "training_step")
     try:
         yield spent
     finally:
-        for name, method in originals.items():
-            setattr(GRPOTrainer, name, method)
+        for name, method in originals.items():  # (an inherited one is deleted again, not pinned on the class)
+            if name in own:
+                setattr(GRPOTrainerHooks, name, method)
+            else:
+                delattr(GRPOTrainerHooks, name)
 
 
 def grpo_part(args, work: Path, rows: Rows) -> None:

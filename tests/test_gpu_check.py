@@ -17,7 +17,7 @@ RETAIL = REPO.parent / "shared" / "data" / "tau2" / "retail"
 BATCHES = [1, 2]
 SMALL = ["--device", "cpu", "--shape", "tiny", "--seq-len", "256", "--sft-steps", "1", "--max-turns", "1",
          "--max-new-tokens", "4", "--batches", ",".join(map(str, BATCHES)), "--retail-dir", str(RETAIL)]
-pytestmark = pytest.mark.skipif(not (RETAIL / "tasks.json").is_file(), reason="../shared/data/tau2 absent")
+needs_retail = pytest.mark.skipif(not (RETAIL / "tasks.json").is_file(), reason="../shared/data/tau2 absent")
 
 
 @pytest.fixture
@@ -74,6 +74,7 @@ def test_a_row_cut_short_by_a_kill_reads_as_its_part_ended(tmp_path, benchmarks_
     assert len(rows) == len(planned_rows(BATCHES))
 
 
+@needs_retail
 def test_rehearsal_writes_every_row_and_none_failed(tmp_path, benchmarks_on_path):
     from gpu_check import planned_rows
 
@@ -90,6 +91,7 @@ def test_rehearsal_writes_every_row_and_none_failed(tmp_path, benchmarks_on_path
 
 
 @pytest.mark.slow
+@needs_retail
 def test_rehearsal_measures_every_row(tmp_path):
     """Every row through once (minutes on 2 cores): each code path the GPU run takes, run before it."""
     result = _rehearse(tmp_path, budget_s=600)

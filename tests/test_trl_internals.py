@@ -41,3 +41,7 @@ def test_a_changed_hook_fails_with_its_name(monkeypatch):
     hook = next(h for h in HOOKS if h.name == "GRPOTrainer._get_per_token_logps_and_entropies")
     assert not hook.check()
     assert "GRPOTrainer._get_per_token_logps_and_entropies" in failure(hook.name)
+    # and so can a check that reads TRL's source: a snippet TRL's method does not hold is reported missing
+    from turnforge.train.trl_internals import _source_has
+
+    assert not _source_has(GRPOTrainer.train, "return logps, entropies, aux_loss")

@@ -113,7 +113,6 @@ class HFPolicy:
         """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding), the
         prompts encoded afresh apart from those that extend their episode's cached prefix. A prompt with no room
         for `max_new_tokens` in the model's context is refused (`refuse_overlong`), never cut or run past it."""
-        _check_params(params)
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         out: list[Generation | None] = [None] * len(ids)
         for i, refusal in refuse_overlong(ids, params.max_new_tokens, self.max_context).items():
@@ -346,16 +345,3 @@ def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[i
         out.append(TopP(params.top_p))
     out.append(RowSampler(seeds, sampled))
     return LogitsProcessorList(out)
-
-
-def _check_params(params: SamplingParams) -> None:
-    if params.temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-    if params.top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
-    if params.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
-    if not 0.0 <= params.explore <= 1.0:
-        raise ValueError(f"explore must be in [0, 1], got {params.explore}")

@@ -34,7 +34,7 @@ from turnforge.policies.base import (
     prompt_ids,
     refuse_overlong,
 )
-from turnforge.policies.hf import _check_params, finish_generation
+from turnforge.policies.hf import finish_generation
 
 INSTALL = 'vLLM is not installed: pip install "turnforge[vllm]" (it needs a CUDA GPU; on a CPU use --policy hf)'
 
@@ -90,7 +90,6 @@ class VLLMPolicy:
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         """One reply per prompt, in order: the whole list is one `LLM.generate` call (vLLM schedules it), but for the
         prompts with no room for `max_new_tokens` in the engine's max_model_len (`refuse_overlong`)."""
-        _check_params(params)
         vllm = import_vllm()
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         # vLLM's engine raises on a prompt past max_model_len (the whole call fails) and cuts a reply at it: refused
@@ -166,7 +165,6 @@ class TRLServerPolicy:
         self.stop_ids = stop_ids_of(tokenizer, generation_config(model))
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
-        _check_params(params)
         if params.explore < 1:
             raise ValueError("explore below 1 samples some replies and decodes others greedily, and trl vllm-serve's "
                              "client takes one temperature a call: use vllm_mode = \"colocate\" or the hf backend")

@@ -53,7 +53,7 @@ def episode_sequence(traj: Trajectory, max_completion_length: int) -> tuple[list
 
     completion = turn 1 generated ids, turn 1 observation ids, turn 2 generated ids, ..., last generated ids
     (the observation after the last turn is left out); env_mask is the SFT loss mask (`assistant_mask`: 1
-    exactly on generated ids, except a replayed prefix's: `Turn.learn`). Cut to `max_completion_length` tokens.
+    exactly on generated ids of turns with `Turn.learn`). Cut to `max_completion_length` tokens.
     """
     try:
         pieces = episode_pieces(traj)

@@ -11,9 +11,10 @@ reward components through reward functions that receive those extra fields.
                                     scores each episode on its own tokens (`GRPOTrainerHooks.score_tokens`)
   GRPOTrainer._generate_and_score_completions
                                     adds GiGPO's per-token term to the advantages (`token_advantages`)
+  GRPOTrainer._compute_loss         takes those (B, T) advantages as they are (widens only (B,) ones)
   fused head closure                reads the settings TRL's fused LM head closes over (`fused_head_settings`)
   SFTTrainer token counter          corrects SFT's `num_tokens` for packed rows (`add_train_tokens`)
-  SFTTrainer metric lists              merges chunked SFT's per-chunk metrics into one (`metric_lists`)
+  SFTTrainer metric lists           merges chunked SFT's per-chunk metrics into one (`metric_lists`)
   accelerate `_original_forward`    the forward before accelerate's autocast wrapper (`autocast_wrapped_forward`)
 """
 
@@ -150,8 +151,13 @@ HOOKS = (
     Hook("GRPOTrainer._generate_and_score_completions", lambda: _params(
         GRPOTrainer._generate_and_score_completions) == ["self", "inputs"] and _source_has(
         GRPOTrainer._generate_and_score_completions, '"advantages": advantages', '"completion_ids": completion_ids')),
+    # GiGPO's (B, T) advantages pass TRL's loss unchanged only while it widens (B,) ones alone: were it to
+    # unsqueeze every advantage, (B, 1, T) x (B, T) ratios would broadcast to (B, B, T) and still give a number.
+    Hook("GRPOTrainer._compute_loss takes (B, T) advantages", lambda: _source_has(
+        GRPOTrainer._compute_loss, "if advantages.dim() == 1:")),
     Hook("SFTTrainer._total_train_tokens and SFTTrainer._metrics", lambda: _source_has(
-        SFTTrainer, "self._total_train_tokens += ", 'self._metrics[mode]["num_tokens"] = [self._total_train_tokens]')),
+        SFTTrainer, "self._total_train_tokens += ", 'self._metrics[mode]["num_tokens"] = [self._total_train_tokens]',
+        'self._metrics[mode]["entropy"].append', 'self._metrics[mode]["mean_token_accuracy"].append')),
     Hook("accelerate's model._original_forward", _accelerate_wrapper),
 )
 """The hooks checked without a model; the fused head's closure is checked on a patched model
