@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli_errors import assert_one_error_line
 from turnforge.cli import app
 from turnforge.rundir import OWNER_FILE
 
@@ -42,15 +43,6 @@ def _eval(out: Path):
     return runner.invoke(app, ["eval", "--env", "household", "--tasks", "2", "--out", str(out)])
 
 
-def _one_clear_line(result, *words: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
-    line = result.output.strip()
-    assert line.startswith("error: ") and "\n" not in line, line
-    for word in words:
-        assert word in line, line
-
-
 @pytest.fixture
 def recipe_run(tmp_path) -> Path:
     out = tmp_path / "recipe-run"
@@ -71,7 +63,7 @@ def test_eval_onto_a_recipe_run_is_refused_before_anything_is_written(recipe_run
     if old:  # a run directory of an older version: recognised by its files
         (recipe_run / OWNER_FILE).unlink(missing_ok=True)
     before = _files(recipe_run)
-    _one_clear_line(_eval(recipe_run), "turnforge run", "another --out")
+    assert_one_error_line(_eval(recipe_run), "turnforge run", "another --out")
     assert _files(recipe_run) == before
     assert runner.invoke(app, ["report", str(recipe_run)]).exit_code == 0
 
@@ -81,7 +73,7 @@ def test_run_onto_an_eval_directory_is_refused_before_anything_is_written(tmp_pa
     if old:
         (eval_run / OWNER_FILE).unlink(missing_ok=True)
     before = _files(eval_run)
-    _one_clear_line(_run(tmp_path, eval_run), "turnforge eval", "another --out")
+    assert_one_error_line(_run(tmp_path, eval_run), "turnforge eval", "another --out")
     assert _files(eval_run) == before
 
 
@@ -152,12 +144,12 @@ def _no_server(monkeypatch):
 def test_a_bad_summary_is_one_clear_line_for_every_reader(recipe_run, command, damage):
     """Issue 40.10: a malformed, truncated or foreign summary.json gave `report` a traceback (KeyError)."""
     damage(recipe_run)
-    _one_clear_line(runner.invoke(app, [command, str(recipe_run)]), str(recipe_run / "summary.json"))
+    assert_one_error_line(runner.invoke(app, [command, str(recipe_run)]), str(recipe_run / "summary.json"))
 
 
 @pytest.mark.parametrize("command", ["report", "card"])
 def test_report_and_card_of_an_eval_directory_say_which_command_reads_it(eval_run, command):
-    _one_clear_line(runner.invoke(app, [command, str(eval_run)]), "turnforge eval", "turnforge run")
+    assert_one_error_line(runner.invoke(app, [command, str(eval_run)]), "turnforge eval", "turnforge run")
 
 
 def test_view_of_an_eval_directory_browses_its_episodes(eval_run):
@@ -169,9 +161,9 @@ def test_a_comparison_is_not_written_over_a_run(recipe_run, eval_run, tmp_path):
     """`report --compare --out` onto a run replaced that run's report.md with the comparison."""
     before = _files(recipe_run)
     result = runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(recipe_run)])
-    _one_clear_line(result, "turnforge run", "another --out")
+    assert_one_error_line(result, "turnforge run", "another --out")
     assert _files(recipe_run) == before
     compare = tmp_path / "compare"
     assert runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(compare)]).exit_code == 0
     assert runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(compare)]).exit_code == 0
-    _one_clear_line(_eval(compare), "turnforge report --compare", "another --out")
+    assert_one_error_line(_eval(compare), "turnforge report --compare", "another --out")

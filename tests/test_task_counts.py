@@ -8,23 +8,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli_errors import assert_one_error_line
 from turnforge.cli import app
 from turnforge.envs.base import load_tasks
 
 runner = CliRunner()
 
 
-def _one_clear_line(result, *words: str) -> None:
-    assert result.exit_code == 2, result.output
-    line = result.output.strip()
-    assert line.startswith("error: ") and "\n" not in line and "Traceback" not in line, line
-    for word in words:
-        assert word in line, line
-
-
 @pytest.mark.parametrize(
     ("env", "split", "options", "size"),
-    [("household", "valid_seen", {}, 300), ("sql", "test", {"generate": 5}, 5), ("code", "test", {"generate": 4}, 4)],
+    [("household", "valid_seen", {}, 300), ("sql", "test", {"generate": 5}, 5), ("code", "test", {"generate": 4}, 4),
+     ("service", "test", {}, 12)],  # (service cannot tell its size without loading: counted after loading)
 )
 def test_a_count_beyond_the_split_names_the_split_and_its_size(env, split, options, size):
     assert len(load_tasks(env, split, limit=size, **options)) == size  # the whole split is fine
@@ -36,7 +30,7 @@ def test_a_count_beyond_the_split_names_the_split_and_its_size(env, split, optio
 def test_eval_tasks_beyond_the_split_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "out"
     args = ["eval", "--env", "household", "--split", "valid_seen", "--tasks", "310", "--out", str(out)]
-    _one_clear_line(runner.invoke(app, args), "'valid_seen' has 300 tasks", "310")
+    assert_one_error_line(runner.invoke(app, args), "'valid_seen' has 300 tasks", "310")
     assert not out.exists()
 
 
@@ -66,8 +60,12 @@ def test_a_recipe_count_beyond_the_split_stops_it_before_any_stage_runs(tmp_path
     test would run out of memory or time otherwise)."""
     recipe, out = tmp_path / "huge.toml", tmp_path / "run"
     recipe.write_text(RECIPE)
-    _one_clear_line(runner.invoke(app, ["run", str(recipe), "--out", str(out)]),
+    assert_one_error_line(runner.invoke(app, ["run", str(recipe), "--out", str(out)]),
                     "'test' has 3000 tasks", "1000000000", "random")
+    assert not out.exists()
+    # `--check` refuses it as the run does (a recipe that passed --check must not then fail at its start)
+    assert_one_error_line(runner.invoke(app, ["run", str(recipe), "--out", str(out), "--check"]),
+                          "'test' has 3000 tasks", "1000000000", "random")
     assert not out.exists()
 
 
@@ -75,7 +73,7 @@ def test_a_recipe_count_beyond_the_split_stops_it_before_any_stage_runs(tmp_path
 def test_a_generated_env_refuses_a_count_it_would_build_all_at_once(tmp_path, env):
     """A huge `generate` built every task in memory before the first episode; it is capped with a clear error."""
     result = runner.invoke(app, ["eval", "--env", env, "--env-opt", "generate=1000000000", "--out", str(tmp_path / "out")])
-    _one_clear_line(result, "'generate'", "..100000")
+    assert_one_error_line(result, "'generate'", "..100000")
     assert not Path(tmp_path / "out").exists()
 
 

@@ -38,7 +38,7 @@ from turnforge.envs.code.cli import sandbox_app
 from turnforge.envs.household.cli import household_app
 from turnforge.eval.runner import EnvErrors, run_eval
 from turnforge.eval.table import print_summary
-from turnforge.pipeline import print_comparison, run_recipe
+from turnforge.pipeline import check_task_counts, plan_stages, print_comparison, run_recipe
 from turnforge.policies import BackendError, PolicySpec
 from turnforge.policies.base import BackendNotInstalled, SamplingParams
 from turnforge.recipes import load_recipe, packaged_recipes
@@ -275,6 +275,7 @@ def run_command(
     scale = [f"scale.ray={ray}"] * (ray is not None) + [f"scale.workers={workers}"] * (workers is not None)
     loaded = load_recipe(recipe, overrides=[*(set_ or []), *scale], model=model)
     if check:
+        check_task_counts(loaded, plan_stages(loaded, out))  # as the run would, before its first stage
         typer.echo(loaded.to_toml(), nl=False)
         return
     summary = run_recipe(loaded, out, restart_from=restart_from)

@@ -65,7 +65,8 @@ def check_out_parents(out: Path) -> None:
 
 
 def owner_of(out: Path) -> str | None:
-    """The kind of command `out` belongs to ("recipe" or "eval"), or None for a new or foreign folder."""
+    """The kind of command `out` belongs to (a key of `OWNERS`: "recipe", "eval", "compare"), or None for a new or
+    foreign folder."""
     try:
         kind = json.loads((out / OWNER_FILE).read_text(encoding="utf-8")).get("kind")
     except (OSError, ValueError, AttributeError):

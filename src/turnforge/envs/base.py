@@ -225,7 +225,7 @@ def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) 
     if limit is not None and limit < 1:
         raise ValueError(f"the number of tasks must be at least 1, got {limit}")
     options = spec.coerce_options(options)
-    known = spec.split_size(split, options) if spec.split_size else None
+    known = _known_size(spec, split, options)
     if limit is not None and known is not None and limit > known:
         raise ValueError(_beyond_split(name, split, known, limit))
     tasks = spec.load_tasks(split, limit=limit, **options)[:limit]
@@ -237,8 +237,16 @@ def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) 
 def split_size(name: str, split: str, **options: Any) -> int:
     """How many tasks env `name`'s `split` has (built and counted only when the env cannot tell without)."""
     spec = _spec_with_split(name, split)
-    known = spec.split_size(split, spec.coerce_options(options)) if spec.split_size else None
+    known = _known_size(spec, split, spec.coerce_options(options))
     return known if known is not None else len(load_tasks(name, split, **options))
+
+
+def _known_size(spec: EnvSpec, split: str, options: dict[str, Any]) -> int | None:
+    """The split's size when the env knows it without building tasks (`EnvSpec.split_size`), read with the
+    options' defaults filled in (an env states each default once, in its `EnvOption`)."""
+    if spec.split_size is None:
+        return None
+    return spec.split_size(split, {option.name: option.default for option in spec.options} | options)
 
 
 def check_task_count(name: str, split: str, limit: int, **options: Any) -> None:

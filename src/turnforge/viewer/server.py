@@ -72,7 +72,7 @@ class Viewer:
 
 def default_tokenizer(target: Path) -> str | None:
     """The tokenizer that decodes a run's token ids: its final model's, else the built tiny model's."""
-    if target.is_dir() and is_run_dir(target):
+    if is_run_dir(target):
         final = read_run(target).final_model()
         if final is not None and (final[1] / "tokenizer_config.json").exists():
             return str(final[1])
