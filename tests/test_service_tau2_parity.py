@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from service_calls import ScriptedUserModel
 from turnforge.envs.service.env import GREETING, ServiceEnv
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
-from turnforge.policies.base import Generation
 from turnforge.types import Message, ToolCall
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
@@ -106,21 +106,13 @@ def test_the_forgiving_option_answers_an_unreadable_call_and_goes_on():
     assert env.errors == 1
 
 
-class _Scripted:
-    def __init__(self, texts):
-        self.texts = list(texts)
-
-    def generate(self, messages, tools=None):
-        return Generation(text=self.texts.pop(0), ids=[1])
-
-
 def test_a_user_without_tools_who_calls_one_is_told_so_and_goes_on():
     """tau2: a user's tool call goes to the environment, whose `make_tool_call(requestor="user")` raises "User
     tools not available" for a domain without user tools: the user gets "Error: User tools not available" (a tool
     error) and the conversation goes on. Before: the markup reached the agent as the user's text."""
     call = render(Message("assistant", "", tool_calls=[ToolCall("check_status_bar", {})]))
     env = ServiceEnv(domain="desk", user="hf:unused")
-    env.use_roles({"user": _Scripted(["I need help.", call, "My order is late."])})
+    env.use_roles({"user": ScriptedUserModel(["I need help.", call, "My order is late."])})
     from turnforge.envs.service.domain import load_domain
 
     env.reset(load_domain("desk").to_task(next(iter(load_domain("desk").tasks)), "test"))

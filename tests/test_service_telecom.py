@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service_calls import err, ok
+from service_calls import ScriptedUserModel, err, ok
 from turnforge.envs.service.domain import load_domain
 from turnforge.envs.service.env import ServiceEnv
 from turnforge.envs.service.users import SIMULATION_GUIDELINES_TOOLS, ModelUser
@@ -127,20 +127,9 @@ def test_the_expert_solves_train_tasks_and_a_wrong_refuel_fails(domain):
     assert env.score().details["reward_breakdown"] == {"ENV_ASSERTION": 0.0}
 
 
-class _ScriptedModel:
-    """A user model's replies, in order (the role client's `generate(messages, tools)`)."""
-
-    def __init__(self, texts):
-        self.texts, self.calls = list(texts), []
-
-    def generate(self, messages, tools=None):
-        self.calls.append((messages, tools))
-        return Generation(text=self.texts.pop(0), ids=[1, 2])
-
-
 def test_an_llm_user_gets_the_device_tools_and_their_results(domain):
     render = get_format("tool_call").render
-    model = _ScriptedModel(["My phone has no data.",
+    model = ScriptedUserModel(["My phone has no data.",
                             render(Message("assistant", "", tool_calls=[ToolCall("check_status_bar", {})])),
                             "It shows 5G, good signal."])
     user = ModelUser(model, domain.tasks[OVERDUE]["user_scenario"], domain.kind.user.toolkit.schemas(),

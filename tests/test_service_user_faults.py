@@ -3,11 +3,11 @@ the faults in its details, and summary.json's per-domain counts over the failed 
 
 from __future__ import annotations
 
+from service_calls import ScriptedUserModel
 from turnforge.envs.base import load_tasks
 from turnforge.envs.service.env import ServiceEnv
 from turnforge.envs.service.metrics import service_metrics
 from turnforge.envs.service.user_faults import stated_facts, user_faults
-from turnforge.policies.base import Generation
 from turnforge.types import Message, Score, StopReason, ToolCall, Trajectory
 
 SCENARIO = {"instructions": {"reason_for_call": "You want to return order #W2378156.",
@@ -68,20 +68,10 @@ def test_a_protocol_break_is_the_users():
     assert _faults([HELLO], termination="user_error") == ["protocol_break"]
 
 
-class _Says:
-    """A user model that replies these texts in order (the role client's `generate`)."""
-
-    def __init__(self, texts):
-        self.texts = list(texts)
-
-    def generate(self, messages, tools=None):
-        return Generation(text=self.texts.pop(0), ids=[1])
-
-
 def test_the_env_records_the_faults_and_the_summary_counts_failed_episodes():
     task = load_tasks("service", "train", domain="desk")[0]
     env = ServiceEnv(domain="desk", user="hf:unused")
-    env.use_roles({"user": _Says(["Hello, my email is nobody@nowhere.org. ###STOP###"])})
+    env.use_roles({"user": ScriptedUserModel(["Hello, my email is nobody@nowhere.org. ###STOP###"])})
     env.reset(task)
     env.step(Message("assistant", "How can I help?"))
     score = env.score()
@@ -122,8 +112,8 @@ def test_with_a_judge_a_failure_no_rule_explains_is_reviewed():
 
     def failed_episode(judge_says):
         env = ServiceEnv(domain="desk", user="hf:unused", judge="hf:unused-too")
-        judge = _Says([judge_says])
-        env.use_roles({"user": _Says(["Hello, I need some help with my appointment."]), "judge": judge})
+        judge = ScriptedUserModel([judge_says])
+        env.use_roles({"user": ScriptedUserModel(["Hello, I need some help with my appointment."]), "judge": judge})
         env.reset(task)
         env.step(Message("assistant", "###STOP###"))  # the agent gives up: no rule puts this on the user
         return env.score(), judge
