@@ -1,27 +1,27 @@
-"""The package layering the design asks for, read from the source with `ast` (imports anywhere in a file count)."""
+"""The package layering the design asks for, read from the source with `ast` (imports anywhere in a file count:
+inside functions and under `if TYPE_CHECKING:` too; tests/import_graph.py)."""
 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-import turnforge
-
-ROOT = Path(turnforge.__file__).parent
+from import_graph import ROOT, describe_cycles, import_sites
 
 
 def imported_packages(package: str) -> dict[str, set[str]]:
     """For each top-level turnforge package imported from `package`, the files that import it."""
     out: dict[str, set[str]] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "turnforge" and len(parts) > 1 and parts[1] != package:
-                    out.setdefault(parts[1], set()).add(str(path.relative_to(ROOT)))
+    for site in import_sites():
+        if site.source == package:
+            out.setdefault(site.target, set()).add(site.file)
     return out
+
+
+def test_no_import_cycle_between_top_level_packages():
+    """Each top-level package (`turnforge.X`) can be read knowing only those below it: no two reach each other.
+    A failure lists every import on a cycle, `importer -> imported  file:line`."""
+    cycles = describe_cycles(import_sites())
+    assert not cycles, "import cycles between top-level packages:\n" + "\n".join(cycles)
 
 
 def test_envs_do_not_import_eval():
