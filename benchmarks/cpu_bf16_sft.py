@@ -47,10 +47,10 @@ def child(mode: str, steps: int, warmup: int, work: Path) -> None:
     import turnforge.train.sft
     from turnforge.envs.base import load_tasks, make_env
     from turnforge.models import load_model
-    from turnforge.models.tiny import build_tiny_model
     from turnforge.policies.scripted import ExpertPolicy
     from turnforge.recipes import load_recipe
     from turnforge.rollout import run_episodes
+    from turnforge.tiny_model import build_tiny_model
     from turnforge.train.settings import SFTSettings
     from turnforge.train.sft import (
         SharedPrefixSFTTrainer,

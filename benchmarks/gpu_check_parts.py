@@ -33,11 +33,11 @@ from gpu_check import (
 )
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.models import LoraSpec, load_model
-from turnforge.models.tiny import build_tiny_model
 from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
+from turnforge.tiny_model import build_tiny_model
 from turnforge.train.grpo import GRPOSettings, run_grpo
 from turnforge.train.runtime import CHECKPOINTING_FIELD, training_dtype
 from turnforge.train.sft import SFTSettings, build_dataset, build_trainer

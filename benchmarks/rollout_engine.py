@@ -31,12 +31,12 @@ from functools import partial
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.household import HouseholdEnv
 from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
-from turnforge.models.tiny import build_tiny_model
 from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.policies.queue import Role, RoleStats
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
+from turnforge.tiny_model import build_tiny_model
 from turnforge.types import Message, Trajectory
 
 # ---- the lock-step loop, as it was ------------------------------------------------------------------------

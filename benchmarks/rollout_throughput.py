@@ -21,10 +21,10 @@ import torch
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.formats.base import FormatError
 from turnforge.models import load_model
-from turnforge.models.tiny import build_tiny_model
 from turnforge.policies.base import SamplingParams
 from turnforge.policies.hf import HFPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
+from turnforge.tiny_model import build_tiny_model
 
 
 def naive(model_path: str, env_options: dict, tasks, max_turns: int, max_new_tokens: int) -> tuple[int, float]:

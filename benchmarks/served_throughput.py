@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        from turnforge.models import build_tiny_model
+        from turnforge.tiny_model import build_tiny_model
 
         model = str(build_tiny_model(tempfile.mkdtemp() + "/tiny"))
     served = ServedModel(model, name="tiny", device="cpu")

@@ -17,7 +17,7 @@ import time
 from transformers import AutoTokenizer
 
 import turnforge.data.sft as sft_data
-from turnforge.models.chat import ChatTemplateRenderer
+from turnforge.formats.chat_template import ChatTemplateRenderer
 from turnforge.train.settings import SFTSettings
 from turnforge.train.sft import build_dataset
 

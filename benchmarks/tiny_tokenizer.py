@@ -3,7 +3,7 @@ model always had before issue 40, and one built for the env itself (`build_tiny_
 
 A prompt is the first task's system + first user message(s) with the env's tool schemas, rendered by the
 tokenizer's chat template with the generation prompt: what the model reads before its first reply. The tiny model
-has 4,096 positions (`models/tiny.py` MAX_POSITIONS), so a prompt must be well inside that.
+has 4,096 positions (`tiny_model.py` MAX_POSITIONS), so a prompt must be well inside that.
 
     .venv/bin/python benchmarks/tiny_tokenizer.py --data ../../shared/data     # from the worktree
 """
@@ -51,7 +51,7 @@ def measure(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from turnforge.models.tiny import build_tiny_model
+    from turnforge.tiny_model import build_tiny_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("../../shared/data"), help="the shared data folder")

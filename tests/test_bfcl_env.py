@@ -11,10 +11,10 @@ pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (pip install
 from turnforge.envs.base import load_tasks, make_env  # noqa: E402
 from turnforge.envs.bfcl.data import CATEGORIES, BfclUnavailable, installed_version, locate  # noqa: E402
 from turnforge.envs.bfcl.env import ADDED_FUNCTIONS_MESSAGE  # noqa: E402
-from turnforge.eval.runner import run_eval  # noqa: E402
 from turnforge.formats.base import FormatError  # noqa: E402
 from turnforge.policies import make_policy  # noqa: E402
 from turnforge.rollout import run_episodes  # noqa: E402
+from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.types import Message, StopReason, ToolCall  # noqa: E402
 
 

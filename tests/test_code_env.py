@@ -148,7 +148,7 @@ def _hermes(code: str) -> str:
 
 
 def test_replay_file_gives_the_expected_verdicts_and_metrics(tmp_path):
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     tasks = load_tasks("code", "test", generate=4)
     math0, code1, math2, code3 = tasks
@@ -198,7 +198,7 @@ def test_a_math_check_that_gives_no_verdict_is_an_env_error_redone_on_resume(tmp
     as an env error: the command fails naming it, and the same command redoes only those episodes."""
     from turnforge.envs.code import checking
     from turnforge.envs.isolation import CheckerUnavailable
-    from turnforge.eval.runner import EnvErrors, run_eval
+    from turnforge.rollouts_file import EnvErrors, run_eval
 
     def no_answer(*_args, **_kwargs):
         raise CheckerUnavailable("the MathVerifier.verify checker gave no answer within 120 s: no verdict")

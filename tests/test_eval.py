@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from turnforge.cli import app
 from turnforge.eval.metrics import SUMMARY_KEYS
-from turnforge.eval.runner import run_eval
 from turnforge.policies.base import SamplingParams
+from turnforge.rollouts_file import run_eval
 from turnforge.types import Trajectory
 
 runner = CliRunner()

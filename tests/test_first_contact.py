@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from turnforge.cli import app
 from turnforge.envs.base import list_envs
-from turnforge.eval.runner import run_eval
+from turnforge.rollouts_file import run_eval
 
 runner = CliRunner()
 CLI = [sys.executable, "-c", "from turnforge.cli import app; app()"]
@@ -196,12 +196,12 @@ def test_model_tiny_means_the_offline_tiny_model(tmp_path):
 
 def test_bad_sampling_values_fail_before_a_model_loads_and_leave_nothing(tmp_path, monkeypatch):
     """`--temperature -1` was refused only after the model loaded, leaving an empty --out behind."""
-    import turnforge.eval.runner as eval_runner
+    import turnforge.rollouts_file as rollouts_file
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(eval_runner, "make_policy", no_model)
+    monkeypatch.setattr(rollouts_file, "make_policy", no_model)
     out = tmp_path / "bad"
     args = ["eval", "--env", "household", "--policy", "hf", "--model", "some/model", "--temperature", "-1",
             "--top-p", "1.5", "--top-k", "-2", "--max-new-tokens", "0", "--out", str(out)]

@@ -12,7 +12,7 @@ import torch
 
 from turnforge.data.sft import trajectory_examples
 from turnforge.envs.base import load_tasks, make_env
-from turnforge.models.chat import window_messages
+from turnforge.formats.chat_template import window_messages
 from turnforge.policies import make_policy
 from turnforge.policies.base import Prompt, SamplingParams, explores
 from turnforge.policies.hf import HFPolicy, cut_generation

@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from turnforge.cli import app
-from turnforge.eval.runner import run_eval
 from turnforge.policies import make_policy
 from turnforge.policies.base import CONTEXT_LENGTH, BackendError, Prompt, SamplingParams, explores
 from turnforge.policies.openai import chat_messages
 from turnforge.rollout import RolloutLimits
+from turnforge.rollouts_file import run_eval
 from turnforge.types import Message, Task, ToolCall, Trajectory
 
 pytest.importorskip("openai")

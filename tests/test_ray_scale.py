@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from turnforge.envs.base import load_tasks
-from turnforge.eval.runner import EPISODES_FILE, run_eval
 from turnforge.rollout import RolloutLimits
+from turnforge.rollouts_file import run_eval
+from turnforge.rundir import EPISODES_FILE
 from turnforge.scale import ScaleConfig
 
 ray = pytest.importorskip("ray")

@@ -15,9 +15,9 @@ from run_documents import assert_documented
 from turnforge.cli import app
 from turnforge.eval.curves import quarter_means
 from turnforge.eval.failures import episode_failures
-from turnforge.eval.report import write_report
 from turnforge.pipeline import run_recipe
 from turnforge.recipes import load_recipe
+from turnforge.report import write_report
 from turnforge.types import Message, Score, StopReason, Trajectory, Turn
 
 SCRIPTED = """\
@@ -125,7 +125,7 @@ def test_the_model_card_parses_and_its_model_index_equals_summary_json(quickstar
 
 
 def test_an_adapter_card_shows_peft_usage_and_a_run_without_a_model_has_no_card(quickstart_run, tmp_path):
-    from turnforge.eval.card import usage_section, write_card
+    from turnforge.card import usage_section, write_card
 
     text = "\n".join(usage_section(Path("m"), True, "Qwen/Qwen3-4B-Instruct-2507", "household"))
     assert "PeftModel.from_pretrained(base, 'm')" in text and "'Qwen/Qwen3-4B-Instruct-2507'" in text

@@ -236,7 +236,7 @@ def test_rft_aimed_at_greedy_failures_samples_only_them_and_repeats_the_kept(tin
 
 def test_run_eval_plays_only_the_task_ids_given(tmp_path):
     from turnforge.envs.base import load_tasks
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     ids = [t.id for t in load_tasks("household", "test", limit=5)]
     summary = run_eval("household", {}, "expert", "test", 5, 1, 0, tmp_path / "e", task_ids=[ids[3], ids[1]])

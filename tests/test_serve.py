@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
-from turnforge.eval.runner import run_eval
 from turnforge.policies.base import Generation, SamplingParams
 from turnforge.policies.serve import ServedModel, _reply, running_server
 from turnforge.rollout import RolloutLimits
+from turnforge.rollouts_file import run_eval
 from turnforge.types import StopReason, Trajectory
 
 openai = pytest.importorskip("openai")
@@ -235,7 +235,7 @@ def test_summary_records_usage_and_the_model_must_be_named_when_there_are_severa
 
 def test_a_continued_conversation_starts_from_the_ids_the_model_wrote(served):
     """Re-tokenizing a reply's text need not give the ids the model wrote; the server continues from the latter."""
-    from turnforge.models.chat import encode, render
+    from turnforge.formats.chat_template import encode, render
     from turnforge.policies.serve import ChatRequest, _prompt_ids, _remember
 
     tok = served.tokenizer

@@ -159,7 +159,7 @@ def test_partial_score_counts_gold_write_actions_matched_in_the_db():
 def _tau2_conversations(tmp_path, n: int = 3) -> list[dict]:
     """Desk gold episodes as tau2 saves conversations: no system message, the greeting first, tool calls as
     structured calls, stale tool results (the re-grading recomputes them)."""
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     gold = run_eval("service", {"domain": "desk"}, "expert", "test", n, 1, 0, tmp_path / "gold")
     assert gold["success"] == 1.0
@@ -181,7 +181,7 @@ def _tau2_conversations(tmp_path, n: int = 3) -> list[dict]:
 
 
 def _regrade(tmp_path, records: list[dict], name: str = "regrade") -> tuple[dict, list[dict]]:
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     saved = tmp_path / f"{name}.jsonl"
     saved.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -243,8 +243,9 @@ def test_llm_user_simulator_through_the_user_role(tiny_model_dir, tmp_path):
     is prompted with tau2's guidelines + scenario, roles flipped, at its own temperature; its tokens are
     counted apart from the agent's."""
     from turnforge.envs.service.users import SIMULATION_GUIDELINES
-    from turnforge.eval.runner import env_roles, run_eval
     from turnforge.policies.base import SamplingParams
+    from turnforge.policies.roles import env_roles
+    from turnforge.rollouts_file import run_eval
 
     roles = env_roles("service", {"domain": "desk", "user": f"hf:{tiny_model_dir}", "user_temperature": 0.7},
                       SamplingParams(temperature=0.8, max_new_tokens=8), 0, "expert")
@@ -322,7 +323,7 @@ def test_nl_assertions_go_to_the_judge_role(reply, expected):
 
 
 def test_service_metrics_per_domain(tmp_path):
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     summary = run_eval("service", {"domain": "desk"}, "random", "test", 4, 2, 0, tmp_path / "random")
     desk = summary["env_metrics"]["desk"]

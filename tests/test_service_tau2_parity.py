@@ -22,7 +22,7 @@ render = get_format("tool_call").render
 
 
 def _eval(tmp_path: Path, name: str, options: dict, policy: str, tasks: int) -> list[dict]:
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     run_eval("service", options, policy, "test", tasks, 1, 0, tmp_path / name)
     return [json.loads(line) for line in (tmp_path / name / "episodes.jsonl").read_text().splitlines()]

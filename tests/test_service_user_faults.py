@@ -89,7 +89,7 @@ def test_the_env_records_the_faults_and_the_summary_counts_failed_episodes():
 
 
 def test_the_report_gives_the_share_of_failures_attributed_to_the_user(tmp_path):
-    from turnforge.eval.report import Column, user_fault_table
+    from turnforge.report import Column, user_fault_table
 
     faults = {"failed": 4, "attributed": 1, "share": 0.25, "by_fault": {"early_stop": 1, "unfounded_fact": 0}}
     summary = {"env_metrics": {"retail": {"user_faults": faults}}}

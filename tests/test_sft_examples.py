@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from test_token_exact import ExpertTokenPolicy, chat_ids  # helpers of a sibling test module
 from turnforge.data.sft import SFTExample, assistant_mask, conversation_examples, trajectory_examples
 from turnforge.envs.base import load_tasks, make_env
-from turnforge.models.chat import window_messages
+from turnforge.formats.chat_template import window_messages
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 
@@ -199,7 +199,7 @@ def test_rendering_a_conversation_turn_by_turn_renders_each_prefix_once(tokenize
     without it, two renders a turn instead of four; the memo answers only for the very
     message objects it rendered (an equal copy is rendered anew)."""
     import turnforge.data.sft as sft_data
-    import turnforge.models.chat as chat
+    import turnforge.formats.chat_template as chat
 
     calls = []
     real = chat.render

@@ -120,7 +120,7 @@ def test_loader_reads_the_dev_set():
 @pytest.mark.parametrize("fmt", ["react_sql", "tool_call"])
 def test_expert_solves_every_dev_task(tmp_path, fmt):
     """Done-when: 100 % SELECT-style; every INSERT/UPDATE reproduces answer_md5 (dev has no exception)."""
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     summary = run_eval("dbbench", {"data": str(DEV), "format": fmt}, "expert", "dev", None, 1, 0, tmp_path / fmt)
     metrics = summary["env_metrics"]
@@ -131,7 +131,7 @@ def test_expert_solves_every_dev_task(tmp_path, fmt):
 
 
 def test_generated_tasks_are_solved_by_the_expert_and_cover_all_categories(tmp_path):
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
 
     summary = run_eval("sql", {"generate": 66}, "expert", "train", None, 1, 0, tmp_path)
     assert summary["success"] == 1.0
@@ -334,7 +334,7 @@ def test_a_malformed_item_fails_its_own_episode_and_the_rest_of_the_file_runs(tm
     """Issue 17: AgentBench's standard.jsonl has items with a row shorter than the columns (or empty); the whole
     file was refused. As in AgentBench, the table is created empty, the setup error is recorded in that episode's
     details and counted, and every other item runs."""
-    from turnforge.eval.runner import run_eval
+    from turnforge.rollouts_file import run_eval
     from turnforge.types import Trajectory
 
     lines = DEV.read_text().splitlines()[:6]

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.household.env import ACTION_TOOL
-from turnforge.models.chat import ChatTemplateRenderer, trl_chat_template, window_messages
+from turnforge.formats.chat_template import ChatTemplateRenderer, trl_chat_template, window_messages
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import RolloutLimits, run_episodes

@@ -36,13 +36,13 @@ from rich.text import Text
 from turnforge.envs.base import list_envs
 from turnforge.envs.code.cli import sandbox_app
 from turnforge.envs.household.cli import household_app
-from turnforge.eval.runner import EnvErrors, run_eval
 from turnforge.eval.table import print_summary
 from turnforge.pipeline import check_task_counts, plan_stages, print_comparison, run_recipe
 from turnforge.policies import BackendError, PolicySpec
 from turnforge.policies.base import BackendNotInstalled, SamplingParams
 from turnforge.recipes import load_recipe, packaged_recipes
 from turnforge.rollout import RolloutLimits
+from turnforge.rollouts_file import EnvErrors, run_eval
 from turnforge.rundir import check_out_dir, check_out_parents
 from turnforge.scale import ScaleConfig
 
@@ -353,7 +353,7 @@ def report(
                                                 "<!-- turnforge results: begin/end --> lines) from the run.")] = None,
 ) -> None:
     """Write report.md, a self-contained report.html and plots/ from a run directory (or compare runs)."""
-    from turnforge.eval.report import update_readme, write_comparison, write_report
+    from turnforge.report import update_readme, write_comparison, write_report
 
     if out is not None:
         check_out_parents(out)
@@ -376,7 +376,7 @@ def card(
     out: Annotated[Path | None, typer.Option(help="Where to write it (default: README.md in the final model's folder).")] = None,
 ) -> None:
     """Write the Hugging Face model card (YAML front matter + model-index) of the run's final model."""
-    from turnforge.eval.card import write_card
+    from turnforge.card import write_card
 
     if out is not None:
         check_out_parents(out)

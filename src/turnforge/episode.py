@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from turnforge.envs.base import Env
 from turnforge.formats.base import FormatError
-from turnforge.models.chat import ChatRenderer, window_messages
+from turnforge.formats.chat_template import ChatRenderer, window_messages
 from turnforge.policies.base import CONTEXT_LENGTH, Generation
 from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
 

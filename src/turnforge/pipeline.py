@@ -16,7 +16,7 @@ The run directory:
     summary.json             {"recipe", "model", "eval": {name: summary}, "stages": {id: {...}}, "wall_s"}
     report.md, report.html   the report (evaluations per category, failure modes, stage timings, curves, the recipe)
     plots/                   the learning curves (loss, reward, success, KL, entropy per step)
-    stages/NN-<id>/model/README.md   the Hugging Face model card of the final model (`turnforge.eval.card`)
+    stages/NN-<id>/model/README.md   the Hugging Face model card of the final model (`turnforge.card`)
 
 Resuming: re-running the same command skips every stage that has done.json; a stage without it runs
 again, keeping what a killed run left (finished episodes of collect and eval stages, SFT checkpoints).
@@ -41,11 +41,12 @@ from typing import Any
 
 from rich.console import Console
 
+from turnforge.card import write_final_card
 from turnforge.envs.base import check_task_count
-from turnforge.eval.card import write_final_card
-from turnforge.eval.report import comparison_table, write_report
+from turnforge.launch import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.machine import machine_info
 from turnforge.recipes import Recipe, load_recipe
+from turnforge.report import comparison_table, write_report
 from turnforge.rundir import (
     CONFIG_FILE,
     DONE_FILE,
@@ -56,7 +57,6 @@ from turnforge.rundir import (
     check_owner,
     locked,
 )
-from turnforge.scale.processes import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.stages import EVAL_DIR, RunContext, stage_folder, stage_kind
 from turnforge.stages.config import PlaysEnv, StageConfig, TrainStage
 
@@ -87,7 +87,7 @@ def run_recipe(
     Raises ValueError (a RecipeError for the recipe itself) before any stage runs when the recipe is
     invalid or a finished stage's inputs changed.
     """
-    # Under `accelerate launch` every process runs this; the main one speaks and writes (scale/processes.py).
+    # Under `accelerate launch` every process runs this; the main one speaks and writes (launch.py).
     console = console or Console(quiet=not is_main_process())
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     out = Path(out_dir)

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from turnforge.envs.base import Env, UsesRoles
 from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
-from turnforge.models.chat import ChatRenderer
+from turnforge.formats.chat_template import ChatRenderer
 from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.policies.queue import ModelThread, Role, RoleClient, RoleQueues, RoleStats
 from turnforge.types import Task, Trajectory

@@ -12,7 +12,7 @@ A run directory is used by one process at a time (design.md §7): `with locked(o
 The lock is an advisory `flock` on that file, so the operating system drops it when its process dies: a lock
 left by a killed run is simply taken over by the next one, with nothing to clean up. The file says which
 process holds it, for the message the second process prints. Under `accelerate launch` the main process holds
-it for all of them (`turnforge.scale.processes`); the others wait for its outcome and fail with it.
+it for all of them (`turnforge.launch`); the others wait for its outcome and fail with it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnforge.scale.processes import main_process_result
+from turnforge.launch import main_process_result
 
 LOCK_FILE = ".lock"
 OWNER_FILE = "owner.json"
@@ -35,7 +35,7 @@ STAGES_DIR = "stages"
 STAGE_FILE = "stage.json"
 DONE_FILE = "done.json"
 SUMMARY_FILE = "summary.json"
-RUN_FILE = "run.json"  # an eval's identity (eval/runner.py)
+RUN_FILE = "run.json"  # an eval's identity (rollouts_file.py)
 EPISODES_FILE = "episodes.jsonl"
 MODELS_DIR = "models"  # OUT/models/tiny: the offline tiny model, built on first use (a recipe's or an eval's)
 TRAINING_KINDS = ("sft", "rft", "dpo", "grpo", "envtune")

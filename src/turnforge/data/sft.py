@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from turnforge.data.sources import read_records
-from turnforge.models.chat import ChatMessage, ChatTemplateRenderer, role_of, window_messages
+from turnforge.formats.chat_template import ChatMessage, ChatTemplateRenderer, role_of, window_messages
 from turnforge.types import TRAJECTORY_KEYS, Trajectory
 
 if TYPE_CHECKING:

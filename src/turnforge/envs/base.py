@@ -134,7 +134,7 @@ class EnvSpec:
     model_roles: Callable[[dict[str, Any], str], dict[str, tuple[Any, dict[str, Any]]]] | None = None
     """Model roles the env's options ask for (e.g. `user=hf:PATH`): (options, agent policy spec) -> {role:
     (policy spec, or a ready scripted policy; sampling overrides)}. The eval runner builds the policies and
-    passes them as `roles=` (eval/runner.py `env_roles`); the env never builds a model."""
+    passes them as `roles=` (rollouts_file.py `env_roles`); the env never builds a model."""
     role_options: tuple[str, ...] = ()
     """The options that name a model role (service: `user`, `judge`): a recipe's "base" there is its base model
     (stages/context.py), and an env made without them needs no role (GRPO's dataset prompts)."""
@@ -143,7 +143,7 @@ class EnvSpec:
     count beyond it is refused before any task is built. Without it (or None) the loaded tasks are counted."""
     vocabulary: Callable[[dict[str, Any]], list[str]] | None = None
     """Names the env's text can hold (e.g. household's "cabinet 7"), for its options: a tokenizer trained on the
-    env's text (the tiny model's, `models/tiny.py`) gets each as one token, also those no sample of episodes shows."""
+    env's text (the tiny model's, `tiny_model.py`) gets each as one token, also those no sample of episodes shows."""
     corpus_options: tuple[str, ...] = ()
     """The options that choose which text the env has (a domain, a data file, a format the defaults would not
     sample): the tiny tokenizer built for a recipe takes these from the recipe, the others at their defaults."""

@@ -7,6 +7,9 @@ Registered formats (`list_formats()`), each described in its own module:
     get_format("react_sql")  the same, actions as DBBench's `Action: Operation` + ```sql block
     get_format("tool_call")  Qwen3 / Hermes `<tool_call>` JSON blocks
     get_format("bfcl_python") BFCL's prompting format: `[func(a=1), g(b='x')]`
+
+`chat_template.py` is the step after a format: a conversation of Messages rendered to the model's token ids by the
+tokenizer's chat template, token-exactly (the rollout's `ChatRenderer`); it is not a registered format.
 """
 
 from __future__ import annotations

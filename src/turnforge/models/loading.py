@@ -1,7 +1,7 @@
 """Load any Hugging Face causal LM with its tokenizer (and LoRA through PEFT); save it merged.
 
     model, tokenizer = load_model("Qwen/Qwen3-4B-Instruct-2507", lora=LoraSpec(r=16))
-    model, tokenizer = load_model(resolve_model("tiny", Path("runs/cache")))   # turnforge.models.tiny
+    model, tokenizer = load_model(resolve_model("tiny", Path("runs/cache")))   # turnforge.tiny_model
 
 The tokenizer comes back ready for batched generation: a pad token (the eos when the model has none) and
 `padding_side="left"`. A folder holding a PEFT adapter (`adapter_config.json`) may be given as the model

@@ -12,11 +12,11 @@ import hashlib
 import warnings
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from turnforge.models.chat import window_messages
+from turnforge.formats.chat_template import window_messages
 from turnforge.types import CONTEXT_LENGTH, Generation, Prompt, SamplingParams
 
 if TYPE_CHECKING:
-    from turnforge.models.chat import ChatRenderer
+    from turnforge.formats.chat_template import ChatRenderer
 
 
 class BackendNotInstalled(ImportError):

@@ -32,8 +32,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from turnforge.formats.chat_template import ChatTemplateRenderer
 from turnforge.models.attention import cpu_gqa
-from turnforge.models.chat import ChatTemplateRenderer
 from turnforge.models.loading import load_model
 from turnforge.policies.base import (
     Generation,

@@ -50,8 +50,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from turnforge.formats.chat_template import encode, render
 from turnforge.formats.tool_call import ToolCallFormat
-from turnforge.models.chat import encode, render
 from turnforge.policies.base import (
     CONTEXT_LENGTH_EXCEEDED,
     Generation,

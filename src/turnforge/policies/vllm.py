@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from turnforge.models.chat import ChatTemplateRenderer
+from turnforge.formats.chat_template import ChatTemplateRenderer
 from turnforge.policies.base import (
     BackendNotInstalled,
     Generation,

@@ -5,16 +5,54 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from turnforge.envs.base import get_env_spec
-from turnforge.models.tiny import resolve_model
+from turnforge.launch import main_process_result
 from turnforge.rundir import MODELS_DIR, STAGES_DIR
-from turnforge.scale.processes import main_process_result
+from turnforge.scale import ScaleConfig
+from turnforge.tiny_model import resolve_model
 
-if TYPE_CHECKING:  # the recipe loader imports the stage kinds; a stage only calls its Recipe's methods
-    from turnforge.recipes import Recipe
+if TYPE_CHECKING:
     from turnforge.stages.config import StageConfig
+
+
+class BaseModelTable(Protocol):
+    """`[model]` as a stage reads it (`turnforge.recipes.schema.ModelConfig`)."""
+
+    name: str
+    dtype: str
+    device: str
+    lora: dict[str, Any] | None
+
+
+class EnvTable(Protocol):
+    """`[env]` as a stage reads it (`turnforge.recipes.schema.EnvConfig`)."""
+
+    name: str
+
+
+class StagePlan(Protocol):
+    """What a stage reads of its recipe: `turnforge.recipes.Recipe` is one. The recipe loader builds the stage
+    kinds' configs (recipes -> stages), so the stages know their recipe by this protocol, never by importing it."""
+
+    model: BaseModelTable
+    env: EnvTable
+    stages: list[StageConfig]
+    source: Path | None
+    scale: ScaleConfig
+
+    def env_options(self) -> dict[str, Any]: ...
+
+    def stage_env(self, stage: StageConfig) -> tuple[str, dict[str, Any]]: ...
+
+    def envs(self) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def model_source(self, index: int) -> str | None: ...
+
+    def data_sources(self, index: int) -> list[str]: ...
+
+    def stage(self, ref: str) -> StageConfig | None: ...
 
 BASE_ROLE = "base"
 """A model role's env option set to this (`user = "base"`) plays the role with the recipe's base model, frozen:
@@ -32,7 +70,7 @@ class ModelRef:
 class RunContext:
     """Shared by the stages of one `run_recipe` call. `models` maps an sft stage id to the model it made."""
 
-    recipe: Recipe
+    recipe: StagePlan
     out_dir: Path
     models: dict[str, ModelRef] = field(default_factory=dict)
     base_build_s: float | None = None

@@ -32,14 +32,14 @@ from turnforge.data.dpo_pairs import (
 )
 from turnforge.data.sources import holds_trajectories
 from turnforge.envs.base import get_env_spec, make_env, tasks_of
-from turnforge.models.tiny import resolve_model
+from turnforge.launch import main_process_result
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import Policy, SamplingParams
-from turnforge.scale.processes import main_process_result
 from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
 from turnforge.stages.context import MODELS_DIR, RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
+from turnforge.tiny_model import resolve_model
 from turnforge.train.settings import DPOSettings
 from turnforge.types import read_trajectories
 

@@ -1,6 +1,6 @@
 """Stage `eval`: evaluate a policy on a split; writes OUT/eval/<name>/{episodes.jsonl,summary.json}.
 
-The episodes run through `turnforge.eval.runner.run_eval`, so an eval stage is exactly
+The episodes run through `turnforge.rollouts_file.run_eval`, so an eval stage is exactly
 `turnforge eval ... --out OUT/eval/<name>` and resumes the same way (finished episodes are kept).
 With `policy = "hf"` the model is the one the stage's `model` names (base, latest, or an sft stage), with
 the stage's sampling settings and history window.
@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from turnforge.eval.runner import run_eval
 from turnforge.rollout import RolloutLimits
+from turnforge.rollouts_file import run_eval
 from turnforge.rundir import SUMMARY_FILE
 from turnforge.stages.config import STAGE_NAME, RolloutStage
 from turnforge.stages.context import RunContext

@@ -21,9 +21,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from turnforge.data.rft import select_rft
-from turnforge.eval.runner import read_episodes
+from turnforge.launch import main_process_result
+from turnforge.rollouts_file import read_episodes
 from turnforge.rundir import EPISODES_FILE
-from turnforge.scale.processes import main_process_result
 from turnforge.stages.config import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
 from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnforge.scale.processes import is_main_process, wait_for_everyone
+from turnforge.launch import is_main_process, wait_for_everyone
 from turnforge.train.grpo import run_grpo
 from turnforge.train.settings import METRICS_FILE, MODEL_DIR, GRPOSettings
 from turnforge.types import Task

@@ -32,9 +32,9 @@ import datasets
 from trl import DPOConfig, DPOTrainer
 
 from turnforge.data.dpo_pairs import Pair, load_pairs
+from turnforge.formats.chat_template import window_messages
 from turnforge.models import load_model
-from turnforge.models.chat import window_messages
-from turnforge.models.tiny import resolve_model
+from turnforge.tiny_model import resolve_model
 from turnforge.train.lm_head import score_labelled_only
 from turnforge.train.runtime import (
     METRICS_FILE,

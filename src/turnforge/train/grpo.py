@@ -56,8 +56,8 @@ from trl import GRPOConfig
 from turnforge.envs.base import get_env_spec, make_env
 from turnforge.eval.curves import quarter_means, read_points
 from turnforge.models import load_model
-from turnforge.models.tiny import resolve_model
 from turnforge.rewards import COMPONENTS
+from turnforge.tiny_model import resolve_model
 from turnforge.train.grpo_rollouts import EpisodeRollouts
 from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, StepCreditGRPOTrainer
 from turnforge.train.runtime import (

@@ -19,8 +19,8 @@ from transformers import DynamicCache, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig
 
+from turnforge.launch import is_main_process, wait_for_everyone
 from turnforge.models import LoraSpec, merge_and_save
-from turnforge.scale.processes import is_main_process, wait_for_everyone
 from turnforge.train.settings import CHECKPOINT_DIR, METRICS_FILE, MODEL_DIR
 
 logger = logging.getLogger(__name__)

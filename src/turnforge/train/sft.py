@@ -47,7 +47,7 @@ from trl import SFTConfig, SFTTrainer
 
 from turnforge.data.sft import DataCounts, fit_to_length, source_examples
 from turnforge.models import load_model
-from turnforge.models.tiny import resolve_model
+from turnforge.tiny_model import resolve_model
 from turnforge.train.lm_head import score_labelled_only
 from turnforge.train.runtime import (
     CHECKPOINTING_FIELD,

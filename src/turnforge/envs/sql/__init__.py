@@ -35,7 +35,7 @@ SQL_KEYWORDS = (
     "COUNT", "SUM", "AVG", "MIN", "MAX", "GROUP BY", "ORDER BY", "HAVING", "ASC", "DESC", "LIMIT", "JOIN", "ON",
     "INSERT INTO", "VALUES", "UPDATE", "SET", "DELETE",
 )
-# The options that choose an SQL env's text: its format, as the defaults sample only `tool_call` (models/tiny.py).
+# The options that choose an SQL env's text: its format, as the defaults sample only `tool_call` (tiny_model.py).
 _CORPUS_OPTIONS = ("format",)
 
 

@@ -1,4 +1,7 @@
-"""Resumable evaluation: run a policy on the first N tasks of a split, K samples each, and summarise.
+"""Resumable rollouts into one out dir: run a policy on the first N tasks of a split, K samples each, and summarise.
+
+`turnforge eval`, a recipe's eval and collect stages and RFT's sampling all play their episodes through `run_eval`
+(RFT reads them back with `read_episodes`), so they share its files, its resume and its refusal of a foreign run.
 
 An out dir holds `run.json` (the run's identity), `episodes.jsonl` (one Trajectory per line, appended
 and fsynced as each episode finishes) and `summary.json` (with the sampling settings, and a server
@@ -24,6 +27,7 @@ from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.eval.metrics import summarize
+from turnforge.launch import on_main_process
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import BackendError, Policy, SamplingParams
 from turnforge.policies.roles import env_roles
@@ -39,7 +43,6 @@ from turnforge.rundir import (
     locked,
 )
 from turnforge.scale import ScaleConfig
-from turnforge.scale.processes import on_main_process
 from turnforge.types import StopReason, Task, Trajectory, read_trajectories
 
 # Policy options that do not change results, left out of a run's identity (a resume may change them).
@@ -117,7 +120,7 @@ def run_eval(
     check_same_run(out, identity)  # bad input and a foreign out dir fail before a model loads and the tasks are built
     if model == "tiny" and kind in MODEL_BACKENDS:  # as in a recipe: built offline into OUT/models/tiny, once
         # Imported here: the builder imports tokenizers and plays the expert, which other evals do without.
-        from turnforge.models.tiny import resolve_model
+        from turnforge.tiny_model import resolve_model
 
         with locked(out, "eval"):
             model = resolve_model(model, out / MODELS_DIR, [(env, options)])  # its tokenizer from this env

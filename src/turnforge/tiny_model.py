@@ -21,11 +21,11 @@ Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-tr
 number after it as one piece (`TINY_SPLIT`), and a vocab of at most 3k instead of 151k. A recipe's
 `model = "tiny"` builds it once under the run's cache, for the recipe's envs (`resolve_model`).
 
-This module sits above the rollout engine (it plays the env's expert for its corpus), so `turnforge.models`,
-which the rollout engine's chat rendering lives in, does not import it: import it as `turnforge.models.tiny`.
+This module sits above the rollout engine (it plays the env's expert for its corpus), hence its own module
+beside `rollout.py` rather than in `turnforge.models`, which the policies (below the rollout engine) load with.
 
-    python -c "from turnforge.models.tiny import build_tiny_model; print(build_tiny_model('runs/tiny'))"
-    python -c "from turnforge.models.tiny import build_tiny_model; print(build_tiny_model('runs/tiny-sql', [('sql', {})]))"
+    python -c "from turnforge.tiny_model import build_tiny_model; print(build_tiny_model('runs/tiny'))"
+    python -c "from turnforge.tiny_model import build_tiny_model; print(build_tiny_model('runs/tiny-sql', [('sql', {})]))"
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
-from turnforge.models.chat import trl_chat_template
+from turnforge.formats.chat_template import trl_chat_template
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 

@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from turnforge.eval.report import comparison_markdown, stage_result_text
+from turnforge.report import comparison_markdown, stage_result_text
 from turnforge.rundir import RunFiles, read_run
 from turnforge.types import trajectory_records
 

@@ -89,7 +89,7 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 class ChatRenderer(Protocol):
     """Turns messages into the exact ids a model sees (a model policy's `renderer`, passed to `run_episodes`).
 
-    `turnforge.models.chat.ChatTemplateRenderer` implements it over a Hugging Face chat template.
+    `turnforge.formats.chat_template.ChatTemplateRenderer` implements it over a Hugging Face chat template.
     """
 
     window: int | None
