@@ -250,3 +250,15 @@ def test_the_readme_trl_script_runs_a_step_on_the_tiny_model(tiny_model_dir, tmp
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     script = runpy.run_path(str(ROOT / "examples" / "trl_grpo.py"))
     assert script["trainer"].state.global_step == 1
+
+
+def test_a_row_of_another_split_or_options_is_a_clear_error():
+    environment = environment_factory("sql", format="tool_call")()
+    with pytest.raises(ValueError, match="task 'nope' is not in env 'sql' split 'test'.*task_dataset"):
+        environment.reset(task_id="nope", split="test", prompt=[])
+
+
+def test_an_argument_named_self_reaches_the_env_as_a_bad_argument():
+    environment = environment_factory("code", generate=1)()
+    environment.reset(**task_dataset("code", "test", generate=1)[0])
+    assert environment.code_interpreter(self="print(1)") == "Error: code_interpreter needs a non-empty string argument 'code'."

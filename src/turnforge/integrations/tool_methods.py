@@ -32,7 +32,7 @@ def tool_method(schema: dict[str, Any], call: Callable[[Any, str, dict[str, Any]
     required = list(parameters.get("required") or [])
     defs = parameters.get("$defs") or {}
 
-    def method(self: Any, **arguments: Any) -> str:
+    def method(self: Any, /, **arguments: Any) -> str:  # an argument named "self" reaches the env too
         return call(self, name, arguments)
 
     method.__name__ = method.__qualname__ = name

@@ -60,7 +60,11 @@ class TurnforgeEnvironment:
 
     def reset(self, task_id: str, split: str, **_columns: Any) -> None:
         """Start task `task_id` of `split`; the prompt is the dataset row's (TRL renders it), so None."""
-        self._env.reset(_tasks_by_id(self.env_name, split, _frozen(self.env_options))[task_id])
+        tasks = _tasks_by_id(self.env_name, split, _frozen(self.env_options))
+        if task_id not in tasks:
+            raise ValueError(f"task {task_id!r} is not in env {self.env_name!r} split {split!r} with options "
+                             f"{self.env_options}: build the dataset with task_dataset() and the factory's options")
+        self._env.reset(tasks[task_id])
         self._done, self._score, self._calls = False, None, 0
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
@@ -138,9 +142,9 @@ def _tool_env_options(env_name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def _environment_class(env_name: str, options: dict[str, Any], tools: list[dict]) -> type[TurnforgeEnvironment]:
     methods = {t["function"]["name"]: tool_method(t, TurnforgeEnvironment._call) for t in tools}
-    taken = sorted(set(methods) & {"reset", "get_reward"})
-    if taken:  # TRL gives these names their own meaning
-        raise ValueError(f"env {env_name!r} has a tool named {taken[0]!r}, which TRL reserves for the environment")
+    taken = sorted(set(methods) & ({"get_reward"} | set(dir(TurnforgeEnvironment))))
+    if taken:  # TRL gives reset and get_reward their own meaning; the others are the class's own
+        raise ValueError(f"env {env_name!r} has a tool named {taken[0]!r}, a name the environment class needs itself")
     title = "".join(part.capitalize() for part in env_name.split("_"))
     return type(f"{title}Environment", (TurnforgeEnvironment,),
                 {"env_name": env_name, "env_options": dict(options), **methods})
