@@ -152,6 +152,44 @@ def test_reset_tools_and_reward_round_trip_a_direct_episode(name, options, rewar
             assert score.details["error_type"] == "multi_turn:force_terminated" and 0 < score.progress < 1
 
 
+@pytest.mark.parametrize(("name", "options", "reward"), [
+    ("sql", {"format": "tool_call"}, 1.0),
+    ("bfcl", {}, 0.0),
+    pytest.param("service", {"domain": "airline", "data_dir": str(TAU2 / "airline")}, 1.0, marks=needs_tau2),
+])
+def test_trls_parse_of_the_experts_calls_reaches_the_methods(tiny_model_dir, name, options, reward):
+    """TRL's path from tokens to a method call: the tiny model's chat template renders the expert's replies with
+    the generated tools, TRL's `parse_response` reads them back (BFCL's integers, airline's nested objects), and
+    the calls give the expert's arguments and the env's reward."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, parse_response
+
+    tokenizer = add_response_schema(AutoTokenizer.from_pretrained(tiny_model_dir))
+    factory = environment_factory(name, **options)
+    row = task_dataset(name, "test", limit=1, **options)[0]
+    environment = (factory[row["environment"]] if isinstance(factory, dict) else factory)()
+    environment.reset(**row)
+    tools = [getattr(environment, n) for n in vars(type(environment)) if callable(getattr(environment, n))]
+    conversation, completion = list(row["prompt"]), []
+    while not environment._done:
+        reply = environment._env.expert_reply()
+        prompt_ids = tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True,
+                                                   tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(conversation + [reply.to_dict()], tools=tools, tokenize=True,
+                                            return_dict=False)[len(prompt_ids):]
+        parsed = parse_response(tokenizer, ids, prefix=prompt_ids, tools=tools)
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.get("tool_calls") or []]
+        assert calls == [(c.name, c.arguments) for c in reply.tool_calls or []]
+        conversation.append(parsed)
+        completion.append(parsed)
+        if not calls:
+            break
+        for call_name, arguments in calls:
+            conversation.append({"role": "tool", "name": call_name, "content": getattr(environment, call_name)(**arguments)})
+            completion.append(conversation[-1])
+    assert env_reward([completion], [environment]) == [reward]
+
+
 def test_a_call_after_the_end_is_the_tools_error_and_rewards_are_read_once():
     options = {"format": "tool_call"}
     factory = environment_factory("sql", **options)
