@@ -26,7 +26,7 @@ without one; reward functions receive the rollouts' `environments`. Here:
   user turn; docs/decisions.md says what that means for tau2 and BFCL. `env_progress` (the env's progress,
   0..1) is the second reward function where that one turn cannot finish an episode (BFCL's multi-turn entries).
 
-Envs in a text-action format (household's act_line, sql's react, bfcl_python, ...) have no tools: a clear error
+Envs in a text-action format (household's act_line, sql's react_sql, bfcl_python, ...) have no tools: a clear error
 (household and sql in format=tool_call are tool envs: household's one tool is `act(action)`).
 """
 
@@ -52,11 +52,11 @@ class TurnforgeEnvironment:
 
     env_name: str = ""
     env_options: dict[str, Any] = {}
+    _score: Score | None
 
     def __init__(self) -> None:
         self._env: Env = make_env(self.env_name, **self.env_options)
-        self._done = True
-        self._score: Score | None = None
+        self._done, self._score, self._calls = True, None, 0  # until `reset`
 
     def reset(self, task_id: str, split: str, **_columns: Any) -> None:
         """Start task `task_id` of `split`; the prompt is the dataset row's (TRL renders it), so None."""
