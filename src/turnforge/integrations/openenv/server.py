@@ -22,6 +22,7 @@ OpenEnv's `/mcp` JSON-RPC route is not offered (tools are MCP actions on the ses
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools
@@ -161,6 +162,32 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
             task_id=self.task.id if started else None, sample=self.sample, done=self.done,
             score=asdict(self.env.score()) if started else None,
         )
+
+    @functools.cached_property
+    def mcp_server(self):
+        """The env's tools as a FastMCP server, for OpenEnv's `/mcp` JSON-RPC route (`MCPToolClient`); each call is
+        one assistant turn of this session's episode, as a `call_tool` step is. None for a text-action env."""
+        tools = self._mcp_tools()
+        if not tools:
+            return None
+        from fastmcp import FastMCP
+        from fastmcp.tools import FunctionTool
+
+        server = FastMCP(f"turnforge-{self.served.name}")
+        for tool in tools:
+            server.add_tool(FunctionTool(name=tool.name, description=tool.description, parameters=tool.input_schema,
+                                         fn=self._mcp_call(tool.name)))
+        return server
+
+    def _mcp_call(self, name: str):
+        async def call(**arguments: Any) -> dict[str, Any]:
+            # Off the server's event loop: a step may wait (SQL, a sandbox).
+            action = TurnforgeAction(type="call_tool", tool_name=name, arguments=arguments)
+            observation = await asyncio.to_thread(self.step, action)
+            return {"data": observation.result, "done": observation.done, "reward": observation.reward,
+                    "messages": observation.metadata["messages"]}
+
+        return call
 
     def close(self) -> None:
         if self.env is not None:

@@ -1,0 +1,398 @@
+"""OpenEnv both ways (issue 42): `turnforge env serve` driven by openenv's own clients, and `--env openenv:URL`
+against a server written here with openenv's server classes and against `turnforge env serve` (a round trip gives
+the direct env's episodes and scores). Loopback only; tau2 retail tests skip when ../shared/data/tau2 is absent."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openenv")
+
+from openenv import GenericEnvClient  # noqa: E402
+from openenv.core.env_server.http_server import create_app  # noqa: E402
+from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+
+from turnforge.envs.base import make_env  # noqa: E402
+from turnforge.eval.runner import run_eval  # noqa: E402
+from turnforge.integrations.openenv.server import running_server  # noqa: E402
+from turnforge.types import Trajectory  # noqa: E402
+
+TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
+RETAIL = {"domain": "retail", "data_dir": str(TAU2 / "retail")}
+needs_tau2 = pytest.mark.skipif(not (TAU2 / "retail" / "db.json").is_file(), reason="../shared/data/tau2 absent")
+TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "policy"}
+
+
+@pytest.fixture(scope="module")
+def household_url():
+    with running_server("household", {}, "test") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def retail_url():
+    if not (TAU2 / "retail" / "db.json").is_file():
+        pytest.skip("../shared/data/tau2 absent")
+    with running_server("service", RETAIL, "test") as url:
+        yield url
+
+
+def client(url: str):
+    return GenericEnvClient(base_url=url).sync()
+
+
+def expert_run(env: str, options: dict, tasks: int, out: Path) -> tuple[dict, list[Trajectory]]:
+    summary = run_eval(env, options, "expert", "test", tasks, 1, 0, out)
+    return summary, [Trajectory.from_json(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+def replies(traj: Trajectory) -> list[str]:
+    return [traj.messages[i].content for i in traj.reply_indices()]
+
+
+def play(session, traj: Trajectory, as_messages: bool = False):
+    """Replay an episode's replies through a GenericEnvClient session; the last step's result and the state."""
+    first = session.reset(task_id=traj.task_id, sample=traj.sample)
+    assert first.observation["messages"] == [m.to_dict() for m in traj.between_replies()[0]]
+    env = make_env(traj.env) if as_messages else None
+    for text in replies(traj):
+        parsed = env.format.parse(text) if env is not None else None
+        action = {"message": parsed.to_dict()} if parsed is not None and not hasattr(parsed, "reason") else {"text": text}
+        result = session.step(action)
+    return result, session.state()
+
+
+# ---- turnforge env serve, driven by openenv's GenericEnvClient ----------------------------------------------------
+
+def test_household_reset_step_text_and_message_reach_the_experts_reward(household_url, tmp_path):
+    _, episodes = expert_run("household", {}, 3, tmp_path / "direct")
+    with client(household_url) as session:
+        for traj, as_messages in zip(episodes, (False, True, False), strict=True):
+            result, state = play(session, traj, as_messages)
+            assert result.done and result.reward == traj.score.reward == 1.0
+            assert state["score"]["success"] and state["task_id"] == traj.task_id and state["done"]
+            assert state["step_count"] == len(traj.turns) and state["format"] == "act_line"
+
+
+def test_reset_without_task_id_deals_the_split_in_order_and_index_picks_one(household_url):
+    with client(household_url) as session:
+        by_index = session.reset(index=4).observation["metadata"]
+        assert by_index["task_id"] == "test-00004" and by_index["split"] == "test"
+        dealt = {session.reset().observation["metadata"]["task_id"] for _ in range(3)}
+        assert len(dealt) == 3  # server-wide order: three different tasks
+        assert session.reset(split="train", index=0).observation["metadata"]["task_id"].startswith("train-")
+
+
+def test_a_bad_action_gets_the_envs_own_error_observation(household_url):
+    direct = make_env("household")
+    from turnforge.envs.base import load_tasks
+
+    direct.reset(load_tasks("household", "test", limit=1)[0])
+    expected = direct.step(direct.format.parse("ACTION: fly to the moon")).messages[0].content
+    with client(household_url) as session:
+        session.reset(index=0)
+        result = session.step({"text": "ACTION: fly to the moon"})
+        assert result.observation["messages"] == [{"role": "user", "content": expected}] and not result.done
+        unparsable = session.step({"text": "no action line here"})
+        assert unparsable.observation["messages"][0]["content"] == direct.step(direct.format.parse("no action line here")).messages[0].content
+
+
+@pytest.mark.parametrize(("action", "says"), [
+    ({"bogus": 1}, "unknown key(s) ['bogus']"),
+    ({"text": "ACTION: look", "message": {"content": "x"}}, "2 of message, text, type"),
+    ({"message": {"role": "user", "content": "hi"}}, "the message of a step is the assistant's"),
+    ({"message": {"content": "", "tool_calls": [{"function": {}}]}}, "not an assistant message in OpenAI chat shape"),
+    ({"type": "call_tool"}, "call_tool needs a tool_name"),
+])
+def test_malformed_steps_get_one_clear_error_and_the_session_goes_on(household_url, action, says):
+    with client(household_url) as session:
+        session.reset(index=0)
+        with pytest.raises(RuntimeError, match="Server error: .*" + _escaped(says)):
+            session.step(action)
+        assert session.step({"text": "ACTION: look"}).observation["messages"]  # the same session still serves
+
+
+def test_bad_resets_and_steps_out_of_order_are_clear_errors(household_url):
+    with client(household_url) as session:
+        with pytest.raises(RuntimeError, match="step before reset"):
+            session.step({"text": "ACTION: look"})
+        with pytest.raises(RuntimeError, match="has no task 'nope'"):
+            session.reset(task_id="nope")
+        with pytest.raises(RuntimeError, match=r"unknown argument\(s\) \['colour'\]"):
+            session.reset(colour="red")
+        with pytest.raises(RuntimeError, match="has no split 'dev'; splits are"):
+            session.reset(split="dev")
+        assert session.reset(index=0).observation["messages"]
+
+
+def test_invalid_json_on_the_socket_is_refused_and_the_socket_still_serves(household_url):
+    from websockets.sync.client import connect
+
+    with connect(household_url.replace("http", "ws") + "/ws") as ws:
+        ws.send("{not json")
+        error = json.loads(ws.recv())
+        assert error["type"] == "error" and error["data"]["code"] == "INVALID_JSON"
+        ws.send(json.dumps({"type": "reset", "data": {"index": 0}}))
+        assert json.loads(ws.recv())["type"] == "observation"
+
+
+def test_a_session_that_disconnects_closes_its_env(monkeypatch):
+    from websockets.sync.client import connect
+
+    from turnforge.envs.household.env import HouseholdEnv
+
+    closed = []
+    original = HouseholdEnv.close
+    monkeypatch.setattr(HouseholdEnv, "close", lambda self: (closed.append(self), original(self)))
+    with running_server("household", {}, "test") as url:
+        before = len(closed)  # the server's startup probe
+        with client(url) as session:
+            session.reset(index=0)
+        with connect(url.replace("http", "ws") + "/ws") as ws:  # a socket dropped without OpenEnv's close message
+            ws.send(json.dumps({"type": "reset", "data": {"index": 1}}))
+            ws.recv()
+        deadline = time.monotonic() + 10
+        while len(closed) < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(closed) == before + 2
+
+
+@needs_tau2
+def test_retail_expert_episodes_replayed_through_generic_env_client_get_evals_rewards(retail_url, tmp_path):
+    """Issue 42's "done when": every tau2 retail test task's expert episode, replayed through GenericEnvClient against
+    `turnforge env serve`, gets the reward `turnforge eval` gave it."""
+    summary, episodes = expert_run("service", RETAIL, None, tmp_path / "direct")
+    assert summary["n_episodes"] == len(episodes) > 0
+    with client(retail_url) as session:
+        for i, traj in enumerate(episodes):
+            result, state = play(session, traj, as_messages=i % 2 == 1)
+            assert (result.done, result.reward, state["score"]["reward"]) == (True, traj.score.reward, traj.score.reward)
+
+
+@needs_tau2
+def test_concurrent_retail_sessions_on_one_task_keep_their_own_database(retail_url, tmp_path):
+    """Two sessions play the same task's writes turn by turn, interleaved: with one shared DB the second's writes
+    would fail (the order already changed) and its verdict differ."""
+    _, episodes = expert_run("service", RETAIL, 5, tmp_path / "direct")
+    traj = max(episodes, key=lambda t: len(t.turns))
+    with client(retail_url) as a, client(retail_url) as b:
+        a.reset(task_id=traj.task_id), b.reset(task_id=traj.task_id)
+        for text in replies(traj):
+            results = a.step({"text": text}), b.step({"text": text})
+        assert [r.reward for r in results] == [traj.score.reward, traj.score.reward] == [1.0, 1.0]
+
+
+def test_sql_tools_are_openenv_mcp_tools(tmp_path):
+    """A tool env's tools are MCP tools the way OpenEnv's MCPToolClient lists and calls them (RFC 003 actions)."""
+    from openenv.core.mcp_client import MCPToolClient
+
+    with running_server("sql", {"format": "tool_call"}, "test") as url, MCPToolClient(base_url=url).sync() as mcp:
+        listed = mcp.list_tools()
+        assert [t.name for t in listed] == ["execute_sql", "commit_final_answer"]
+        assert listed[0].input_schema["properties"]["query"]["type"] == "string"
+        mcp.reset(index=0)  # the WebSocket joins the MCP session: one episode
+        assert mcp.call_tool("execute_sql", query="SELECT 1 + 1") == "[(2,)]"
+        assert mcp.state().step_count == 1
+    with running_server("sql", {"format": "tool_call"}, "test") as url, client(url) as session:
+        session.reset(index=0)
+        called = session.step({"type": "call_tool", "tool_name": "execute_sql", "arguments": {"query": "SELECT 1 + 1"}})
+        assert called.observation["tool_name"] == "execute_sql" and called.observation["result"] == "[(2,)]"
+        assert session.step({"type": "list_tools"}).observation["tools"][1]["name"] == "commit_final_answer"
+
+
+def test_env_serve_command_serves_until_stopped(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "turnforge", "env", "serve", "--env", "household", "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        url = line.split(" at ")[1].split(" ")[0]
+        with client(url) as session:
+            assert session.reset(index=0).observation["messages"][0]["role"] == "system"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_env_serve_refuses_options_it_cannot_serve():
+    from turnforge.integrations.openenv.server import ServedEnv
+
+    with pytest.raises(ValueError, match="needs model role\\(s\\) \\['user'\\], which env serve does not play"):
+        ServedEnv("service", {"user": "hf:some/model"}, "test")
+    with pytest.raises(ValueError, match="has no option 'colour'"):
+        ServedEnv("household", {"colour": "red"}, "test")
+
+
+# ---- --env openenv:URL -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env", ["household", pytest.param("service", marks=needs_tau2)])
+def test_eval_through_openenv_url_gives_the_direct_envs_summary_and_episodes(env, tmp_path):
+    options = RETAIL if env == "service" else {}
+    direct, episodes = expert_run(env, options, 8, tmp_path / "direct")
+    with running_server(env, options, "test") as url:
+        remote = run_eval(f"openenv:{url}", {}, f"replay:{tmp_path / 'direct' / 'episodes.jsonl'}", "test", 8, 1, 0,
+                          tmp_path / "remote")
+    assert {k: v for k, v in remote.items() if k not in TIMING_KEYS} == {k: v for k, v in direct.items() if k not in TIMING_KEYS}
+    lines = (tmp_path / "remote" / "episodes.jsonl").read_text().splitlines()
+    mine_sorted = sorted(map(Trajectory.from_json, lines), key=lambda t: t.key)  # the file is in finishing order
+    for mine, theirs in zip(mine_sorted, sorted(episodes, key=lambda t: t.key), strict=True):
+        assert (mine.task_id, mine.messages, mine.score, mine.stop_reason, mine.tools) == \
+               (theirs.task_id, theirs.messages, theirs.score, theirs.stop_reason, theirs.tools)
+        assert [t.parse_ok for t in mine.turns] == [t.parse_ok for t in theirs.turns]
+
+
+class GuessAction(Action):
+    guess: str
+
+
+class GuessObservation(Observation):
+    feedback: str = ""
+
+
+class GuessEnvironment(Environment):
+    """Not turnforge's: guess a number 0..4 (the seed's remainder) in three tries; no Task API."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self):
+        super().__init__()
+        self.target, self.tries = 0, 0
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self.target, self.tries = (seed or 0) % 5, 0
+        return GuessObservation(feedback="Guess a number from 0 to 4.")
+
+    def step(self, action, timeout_s=None, **kwargs):
+        self.tries += 1
+        if action.guess.strip() == str(self.target):
+            return GuessObservation(feedback="Right!", done=True, reward=1.0)
+        return GuessObservation(feedback="Wrong.", done=self.tries >= 3, reward=0.0)
+
+    @property
+    def state(self):
+        return State(step_count=self.tries)
+
+
+@contextlib.contextmanager
+def serving(app):
+    """An OpenEnv app (openenv's own server classes) on a free loopback port, in a thread."""
+    import threading
+
+    import uvicorn
+
+    from turnforge.policies.serve import bind
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def guess_url():
+    with serving(create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=8)) as url:
+        yield url
+
+
+@pytest.mark.parametrize(("options", "reply"), [
+    ({}, "ACTION: {}"),
+    ({"format": "tool_call"}, '<tool_call>{{"name": "GuessAction", "arguments": {{"guess": "{}"}}}}</tool_call>'),
+])
+def test_eval_on_a_foreign_openenv_server(guess_url, tmp_path, options, reply):
+    """A server built with openenv's own classes: tasks by seed, a text action (act_line) or the action's schema as
+    one tool (tool_call); reward summed, success at 1."""
+    plays = {"seed-0": ["0"], "seed-1": ["4", "1"], "seed-2": ["0", "1", "3"]}
+    replay = tmp_path / "replies.jsonl"
+    replay.write_text("".join(json.dumps({"task_id": k, "replies": [reply.format(g) for g in v]}) + "\n"
+                              for k, v in plays.items()))
+    summary = run_eval(f"openenv:{guess_url}", {"seeds": 3, **options}, f"replay:{replay}", "test", None, 1, 0,
+                       tmp_path / "out")
+    assert summary["n_episodes"] == 3 and summary["success"] == pytest.approx(2 / 3)
+    episodes = [Trajectory.from_json(line) for line in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]
+    assert episodes[0].messages[1].content == "Guess a number from 0 to 4."
+    assert episodes[1].messages[-1].content == "Right!" and episodes[2].score.success is False
+    assert [len(e.turns) for e in episodes] == [1, 2, 3]
+    if options:
+        assert episodes[0].tools[0]["function"]["parameters"]["properties"]["guess"]["type"] == "string"
+        assert episodes[0].messages[-1].role == "tool"
+
+
+class Move(Action):
+    x: int
+    y: int
+
+
+class Board(Environment):
+    """Not turnforge's: one structured move ends the game."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        return Observation()
+
+    def step(self, action, timeout_s=None, **kwargs):
+        return Observation(done=True, reward=float(action.x == action.y))
+
+    @property
+    def state(self):
+        return State()
+
+
+def test_a_structured_foreign_action_is_one_tool_and_not_a_text_action(tmp_path):
+    with serving(create_app(Board, Move, Observation, env_name="board")) as url:
+        env = make_env(f"openenv:{url}")
+        assert env.format.name == "tool_call"
+        replay = tmp_path / "moves.jsonl"
+        call = '<tool_call>{"name": "Move", "arguments": {"x": 2, "y": 2}}</tool_call>'
+        replay.write_text(json.dumps({"task_id": "seed-0", "replies": [call]}) + "\n")
+        summary = run_eval(f"openenv:{url}", {"seeds": 1}, f"replay:{replay}", "test", None, 1, 0, tmp_path / "out")
+        assert summary["success"] == 1.0
+        with pytest.raises(ValueError, match=r"action has string fields \[\]: name the one a text action fills"):
+            make_env(f"openenv:{url}", format="act_line")
+
+
+def test_openenv_url_that_does_not_answer_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="cannot reach the OpenEnv server at http://127.0.0.1:9"):
+        run_eval("openenv:http://127.0.0.1:9", {}, "random", "test", 1, 1, 0, tmp_path / "x")
+    with pytest.raises(ValueError, match="give the server's URL"):
+        run_eval("openenv:localhost:8001", {}, "random", "test", 1, 1, 0, tmp_path / "y")
+
+
+def test_collect_on_an_openenv_url_writes_training_data(household_url, tiny_model_dir, tmp_path):
+    """A training-data path end to end on a remote env: a recipe's collect stage (the tiny hf model) on openenv:URL."""
+    from rich.console import Console
+
+    from turnforge.pipeline import run_recipe
+    from turnforge.recipes import load_recipe
+
+    recipe = tmp_path / "remote.toml"
+    recipe.write_text(f'[model]\nname = "{tiny_model_dir}"\n\n[env]\nname = "openenv:{household_url}"\n\n'
+                      '[[stages]]\nkind = "collect"\npolicy = "hf"\nsplit = "test"\ntasks = 2\nmax_turns = 2\n'
+                      'max_new_tokens = 8\n')
+    summary = run_recipe(load_recipe(recipe), tmp_path / "run", console=Console(quiet=True))
+    assert summary["stages"]["collect"]["status"] == "ran"
+    lines = (tmp_path / "run" / "stages" / "01-collect" / "trajectories.jsonl").read_text().splitlines()
+    episodes = [Trajectory.from_json(line) for line in lines]
+    assert len(episodes) == 2 and all(e.env == f"openenv:{household_url}" and e.turns for e in episodes)
+    assert all(e.turns[0].generated_ids for e in episodes)  # token ids kept for training
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
