@@ -232,14 +232,18 @@ def test_env_serve_refuses_options_it_cannot_serve():
 
 # ---- --env openenv:URL -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("env", ["household", pytest.param("service", marks=needs_tau2)])
-def test_eval_through_openenv_url_gives_the_direct_envs_summary_and_episodes(env, tmp_path):
-    options = RETAIL if env == "service" else {}
+@pytest.mark.parametrize("policy", ["replay", "expert"])
+@pytest.mark.parametrize(("env", "options"), [
+    ("household", {"thoughts": "goal"}), pytest.param("service", RETAIL, marks=needs_tau2)])
+def test_eval_through_openenv_url_gives_the_direct_envs_summary_and_episodes(env, options, policy, tmp_path):
+    """The round trip: `--env openenv:URL` against `turnforge env serve` gives the direct env's summary and episodes,
+    with the direct run's replies replayed and with the expert asked through the server ({"type": "expert"})."""
     direct, episodes = expert_run(env, options, 8, tmp_path / "direct")
+    spec = f"replay:{tmp_path / 'direct' / 'episodes.jsonl'}" if policy == "replay" else "expert"
     with running_server(env, options, "test") as url:
-        remote = run_eval(f"openenv:{url}", {}, f"replay:{tmp_path / 'direct' / 'episodes.jsonl'}", "test", 8, 1, 0,
-                          tmp_path / "remote")
-    assert {k: v for k, v in remote.items() if k not in TIMING_KEYS} == {k: v for k, v in direct.items() if k not in TIMING_KEYS}
+        remote = run_eval(f"openenv:{url}", {}, spec, "test", 8, 1, 0, tmp_path / "remote")
+    ignored = TIMING_KEYS if policy == "replay" else TIMING_KEYS - {"policy"}
+    assert {k: v for k, v in remote.items() if k not in ignored} == {k: v for k, v in direct.items() if k not in ignored}
     lines = (tmp_path / "remote" / "episodes.jsonl").read_text().splitlines()
     mine_sorted = sorted(map(Trajectory.from_json, lines), key=lambda t: t.key)  # the file is in finishing order
     for mine, theirs in zip(mine_sorted, sorted(episodes, key=lambda t: t.key), strict=True):

@@ -8,6 +8,7 @@ An action is exactly one of:
     {"text": "..."}                                                           a raw model reply, parsed by the env's format
     {"type": "call_tool", "tool_name": ..., "arguments": {...}}               one tool call (OpenEnv's MCP action, RFC 003)
     {"type": "list_tools"}                                                    the env's tools (OpenEnv's MCP action)
+    {"type": "expert"}                                                        the env's scripted expert's next reply, not taken
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class TurnforgeAction(Action):
 
     message: dict[str, Any] | None = Field(default=None, description="An assistant message in OpenAI chat shape.")
     text: str | None = Field(default=None, description="A raw model reply, parsed by the env's format.")
-    type: Literal["list_tools", "call_tool"] | None = Field(default=None, description="OpenEnv's MCP actions.")
+    type: Literal["list_tools", "call_tool", "expert"] | None = Field(
+        default=None, description="OpenEnv's MCP actions; expert: the expert's next reply (the episode does not move).")
     tool_name: str | None = Field(default=None, description="call_tool: the tool to call.")
     arguments: dict[str, Any] = Field(default_factory=dict, description="call_tool: the call's arguments.")
 
@@ -47,6 +49,7 @@ class TurnforgeState(State):
     env: str = ""
     format: str = Field(default="", description="The format that parses {'text': ...} replies (turnforge.formats).")
     plain_text_answers: bool = Field(default=False, description="A reply without a tool call is an answer, not a format error.")
+    expert: bool = Field(default=False, description="The env has a scripted expert (step {'type': 'expert'}).")
     split: str = ""
     task_id: str | None = None
     sample: int = 0

@@ -238,6 +238,24 @@ class OpenEnvEnv:
         return fields[0]
 
 
+class ServedEnvWithExpert(OpenEnvEnv):
+    """A `turnforge env serve` env whose family has a scripted expert: `expert_reply()` asks the server (a step
+    `{"type": "expert"}` that does not move the episode), so `--policy expert` and DPO mining's expert work."""
+
+    def expert_reply(self) -> Message:
+        answer = self.client.step({"type": "expert"}).observation
+        self._thought = (answer.get("metadata") or {}).get("thought")
+        return Message.from_dict(answer["messages"][0])
+
+    def expert_thought(self) -> str | None:
+        return self._thought
+
+
+def make_remote_env(url: str, **options: Any) -> OpenEnvEnv:
+    served = server_facts(url).turnforge
+    return (ServedEnvWithExpert if served and served.get("expert") else OpenEnvEnv)(url, **options)
+
+
 def _string_fields(schema: dict[str, Any]) -> list[str]:
     return [k for k, v in schema.get("properties", {}).items() if v.get("type") == "string"]
 
@@ -270,7 +288,7 @@ def remote_env_spec(name: str) -> EnvSpec:
     return EnvSpec(
         name=name,
         description=f"the OpenEnv server at {url}",
-        factory=functools.partial(OpenEnvEnv, url),
+        factory=functools.partial(make_remote_env, url),
         load_tasks=functools.partial(load_remote_tasks, url),
         categories=(),
         splits=(),

@@ -36,7 +36,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import CallToolObservation, ListToolsObservation, Tool
 
-from turnforge.envs.base import Env, get_env_spec, load_tasks, make_env
+from turnforge.envs.base import Env, SupportsExpert, get_env_spec, load_tasks, make_env
 from turnforge.formats.base import FormatError
 from turnforge.formats.plain_text import PlainTextEndsTurn
 from turnforge.integrations.openenv.models import (
@@ -67,6 +67,7 @@ class ServedEnv:
         try:
             self.format_name = probe.format.name
             self.plain_text_answers = isinstance(probe.format, PlainTextEndsTurn)
+            self.expert = isinstance(probe, SupportsExpert)
         finally:
             probe.close()
         self.splits = get_env_spec(name).splits or (split,)
@@ -140,6 +141,8 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
             raise ValueError("step before reset: call reset(task_id=...) (or reset()) first")
         if self.done:
             raise ValueError(f"the episode of task {self.task.id!r} is over; reset to start another")
+        if action.type == "expert":
+            return self._expert_reply()
         result: StepResult = self._guarded(self.env.step, self._reply(action))
         self.steps, self.done = self.steps + 1, result.done
         # Once the episode ends, OpenEnv's reward is the episode's (the env's score), as a trainer reads it.
@@ -158,7 +161,7 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         started = self.env is not None and self.task is not None
         return TurnforgeState(
             episode_id=self.episode_id, step_count=self.steps, env=self.served.name, format=self.served.format_name,
-            plain_text_answers=self.served.plain_text_answers, split=self.task.split if started else self.served.split,
+            plain_text_answers=self.served.plain_text_answers, expert=self.served.expert, split=self.task.split if started else self.served.split,
             task_id=self.task.id if started else None, sample=self.sample, done=self.done,
             score=asdict(self.env.score()) if started else None,
         )
@@ -231,6 +234,15 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
             call = ToolCall(action.tool_name, action.arguments, id=f"call_{self.steps}")
             return Message("assistant", "", tool_calls=[call])
         return _assistant_message(action.message)
+
+    def _expert_reply(self) -> TurnforgeObservation:
+        """What the env's scripted expert would reply now (and the thought it gives), without taking it: the
+        `expert` policy and DPO mining's expert replies on an `openenv:URL` env."""
+        if not isinstance(self.env, SupportsExpert):
+            raise ValueError(f"env {self.served.name!r} has no scripted expert")
+        reply = self._guarded(self.env.expert_reply)  # first: the thought may state what it decided
+        thought = self.env.expert_thought() if hasattr(self.env, "expert_thought") else None
+        return TurnforgeObservation(messages=[reply.to_dict()], metadata={"thought": thought})
 
     def _mcp_tools(self) -> list[Tool]:
         schemas = self.env.tools() if self.env is not None else _tools_of(self.served)
