@@ -252,6 +252,16 @@ def test_eval_through_openenv_url_gives_the_direct_envs_summary_and_episodes(env
         assert [t.parse_ok for t in mine.turns] == [t.parse_ok for t in theirs.turns]
 
 
+def test_openenv_url_plays_the_asked_split_not_the_servers_default(tmp_path):
+    """A server dealing `train` by default: an eval of `test` through it resets test tasks (the split travels with
+    the task id)."""
+    with running_server("household", {}, "train") as url:
+        summary = run_eval(f"openenv:{url}", {}, "expert", "test", 2, 1, 0, tmp_path / "out")
+    assert summary["success"] == 1.0
+    lines = (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()
+    assert sorted(Trajectory.from_json(line).task_id for line in lines) == ["test-00000", "test-00001"]
+
+
 class GuessAction(Action):
     guess: str
 

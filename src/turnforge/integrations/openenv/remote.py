@@ -97,7 +97,7 @@ def load_remote_tasks(url: str, split: str, limit: int | None = None, seeds: int
     for index, spec in enumerate(specs):
         spec = spec if isinstance(spec, dict) else {}
         task_id = str(spec.get("id", f"{split}-{index}"))
-        reset = {"task_id": task_id} if facts.turnforge else {"split": split, "index": index}
+        reset = {"task_id": task_id, "split": split} if facts.turnforge else {"split": split, "index": index}
         tasks.append(Task(task_id, name, split, str(spec.get("category", "openenv")), {"reset": reset}))
     return tasks
 
