@@ -18,6 +18,8 @@ pytest.importorskip("openenv")
 from openenv import GenericEnvClient  # noqa: E402
 from openenv.core.env_server.http_server import create_app  # noqa: E402
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.mcp_environment import MCPEnvironment  # noqa: E402
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
 from turnforge.envs.base import make_env  # noqa: E402
@@ -378,6 +380,66 @@ def test_a_structured_foreign_action_is_one_tool_and_not_a_text_action(tmp_path)
         assert summary["success"] == 1.0
         with pytest.raises(ValueError, match=r"action has string fields \[\]: name the one a text action fills"):
             make_env(f"openenv:{url}", format="act_line")
+
+
+class CounterEnvironment(MCPEnvironment):
+    """Not turnforge's: an MCP env (openenv's MCPEnvironment over FastMCP, action CallToolAction); adding up to
+    exactly 3 wins."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self):
+        from fastmcp import FastMCP
+
+        mcp = FastMCP("counter")
+        self.count = 0
+
+        @mcp.tool
+        def add(n: int) -> int:
+            """Add n to the counter."""
+            self.count += n
+            return self.count
+
+        super().__init__(mcp)
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        self.count = 0
+        return Observation(metadata={"goal": "make the counter 3"})
+
+    async def step_async(self, action, timeout_s=None, **kwargs):
+        return self._judged(action, await super().step_async(action, timeout_s=timeout_s, **kwargs))
+
+    def step(self, action, timeout_s=None, **kwargs):
+        return self._judged(action, super().step(action, timeout_s=timeout_s, **kwargs))
+
+    def _judged(self, action, observation):
+        if isinstance(action, CallToolAction):
+            observation.done, observation.reward = self.count >= 3, float(self.count == 3)
+        return observation
+
+    def _step_impl(self, action, timeout_s=None, **kwargs):
+        return Observation()
+
+    @property
+    def state(self):
+        return State(step_count=self.count)
+
+
+def test_eval_on_a_foreign_mcp_server_calls_its_tools(tmp_path):
+    call = '<tool_call>{{"name": "add", "arguments": {{"n": {}}}}}</tool_call>'.format
+    replay = tmp_path / "calls.jsonl"
+    replay.write_text(json.dumps({"task_id": "seed-0", "replies": [call(1), call(2)]}) + "\n"
+                      + json.dumps({"task_id": "seed-1", "replies": [call('"x"'), call(5)]}) + "\n")
+    app = create_app(CounterEnvironment, CallToolAction, CallToolObservation, env_name="counter", max_concurrent_envs=4)
+    with serving(app) as url:
+        summary = run_eval(f"openenv:{url}", {"seeds": 2}, f"replay:{replay}", "test", None, 1, 0, tmp_path / "out")
+    assert summary["success"] == 0.5
+    won, lost = sorted((Trajectory.from_json(line) for line in (tmp_path / "out" / "episodes.jsonl").read_text()
+                        .splitlines()), key=lambda t: t.task_id)
+    assert won.tools[0]["function"]["name"] == "add" and won.tools[0]["function"]["parameters"]["required"] == ["n"]
+    assert [m.content for m in won.messages[1:] if m.role != "assistant"] == ['{"goal": "make the counter 3"}', "1", "3"]
+    assert lost.messages[3].content.startswith("Error: 1 validation error") and lost.messages[-1].content == "5"
+    assert not lost.score.success
 
 
 def test_openenv_url_that_does_not_answer_is_one_clear_error(tmp_path):

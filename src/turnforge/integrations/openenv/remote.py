@@ -190,7 +190,7 @@ class OpenEnvEnv:
         self.total += reward
         self.done = result.done
         observation = self.format.observation(observation_text(result.observation), call)
-        return StepResult([observation], reward, result.done, None, {"progress": 1.0 if result.done else 0.0})
+        return StepResult([observation], reward, result.done, None, {"progress": float(self.total >= self.success_reward)})
 
     def _call_action(self, call: ToolCall) -> dict[str, Any]:
         if self.facts.mcp:
@@ -267,21 +267,28 @@ def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[s
 def observation_text(observation: dict[str, Any]) -> str:
     """An OpenEnv observation as the text an agent reads: its one text field, else its fields as JSON."""
     fields = {k: v for k, v in observation.items() if k not in OBSERVATION_BASE}
-    if "tool_name" in fields:  # an MCP CallToolObservation: the tool's result, or its error
-        fields = {"result": fields.get("error") or _tool_result(fields.get("result"))}
+    if "tool_name" in fields:  # an MCP CallToolObservation
+        return _tool_text(fields.get("result"), fields.get("error"))
     if len(fields) == 1 and isinstance(next(iter(fields.values())), str):
         return next(iter(fields.values()))
+    if not fields and observation.get("metadata"):  # a bare Observation (e.g. an MCP env's reset) says it there
+        fields = observation["metadata"]
     return json.dumps(fields, ensure_ascii=False, sort_keys=True)
 
 
-def _tool_result(result: Any) -> Any:
-    return result.get("data", result) if isinstance(result, dict) else result
+def _tool_text(result: Any, error: dict[str, Any] | None) -> str:
+    """An MCP call's answer as the agent reads it: the text of its content (MCP's), or the error's message."""
+    if error:
+        return f"Error: {error.get('message', error)}"
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        return "\n".join(part.get("text", "") for part in result["content"] if part.get("type") == "text")
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, sort_keys=True)
 
 
 @functools.cache
 def remote_env_spec(name: str) -> EnvSpec:
     """The registry entry of `openenv:URL` (envs/base.py `get_env_spec` asks here for that prefix)."""
-    url = name.removeprefix(PREFIX).rstrip("/")
+    url = name.removeprefix(PREFIX)  # as given: tasks and episodes carry `name`, which replays compare
     if not url.startswith(("http://", "https://", "ws://", "wss://")):
         raise ValueError(f"--env {name!r}: give the server's URL, e.g. openenv:http://127.0.0.1:8001")
     served = server_facts(url).turnforge

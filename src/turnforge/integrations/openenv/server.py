@@ -148,8 +148,8 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         # Once the episode ends, OpenEnv's reward is the episode's (the env's score), as a trainer reads it.
         reward = self._guarded(self.env.score).reward if result.done else result.reward
         messages = [m.to_dict() for m in result.messages]
-        metadata = {"stop": result.stop.value if result.stop else None, "progress": result.info.get("progress", 0.0),
-                    **({"hint": result.info["hint"]} if "hint" in result.info else {})}
+        # Not `info` whole: its hint is for envs with hints on, which put it in the observation text already.
+        metadata = {"stop": result.stop.value if result.stop else None, "progress": result.info.get("progress", 0.0)}
         if action.type == "call_tool":
             answer = next((m["content"] for m in messages if m["role"] == "tool"), "")
             return CallToolObservation(tool_name=action.tool_name, result=answer, done=result.done, reward=reward,
