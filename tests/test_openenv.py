@@ -103,6 +103,7 @@ def test_a_bad_action_gets_the_envs_own_error_observation(household_url):
         session.reset(index=0)
         result = session.step({"text": "ACTION: fly to the moon"})
         assert result.observation["messages"] == [{"role": "user", "content": expected}] and not result.done
+        assert "hint" not in result.observation["metadata"]  # hints off: no correction, not even beside the text
         unparsable = session.step({"text": "no action line here"})
         assert unparsable.observation["messages"][0]["content"] == direct.step(direct.format.parse("no action line here")).messages[0].content
 
