@@ -60,11 +60,13 @@ def replies(traj: Trajectory) -> list[str]:
     return [traj.messages[i].content for i in traj.reply_indices()]
 
 
-def play(session, traj: Trajectory, as_messages: bool = False):
-    """Replay an episode's replies through a GenericEnvClient session; the last step's result and the state."""
+def play(session, traj: Trajectory, as_messages: bool = False, options: dict | None = None):
+    """Replay an episode's replies through a GenericEnvClient session, as raw text or as the parsed messages (the
+    env's format parses them here); the last step's result and the state."""
     first = session.reset(task_id=traj.task_id, sample=traj.sample)
     assert first.observation["messages"] == [m.to_dict() for m in traj.between_replies()[0]]
-    env = make_env(traj.env) if as_messages else None
+    assert first.observation["tools"] == traj.tools
+    env = make_env(traj.env, **(options or {})) if as_messages else None
     for text in replies(traj):
         parsed = env.format.parse(text) if env is not None else None
         action = {"message": parsed.to_dict()} if parsed is not None and not hasattr(parsed, "reason") else {"text": text}
@@ -74,14 +76,16 @@ def play(session, traj: Trajectory, as_messages: bool = False):
 
 # ---- turnforge env serve, driven by openenv's GenericEnvClient ----------------------------------------------------
 
-def test_household_reset_step_text_and_message_reach_the_experts_reward(household_url, tmp_path):
-    _, episodes = expert_run("household", {}, 3, tmp_path / "direct")
-    with client(household_url) as session:
-        for traj, as_messages in zip(episodes, (False, True, False), strict=True):
-            result, state = play(session, traj, as_messages)
+@pytest.mark.parametrize(("env", "options", "fmt"), [
+    ("household", {}, "act_line"), ("sql", {"format": "tool_call"}, "tool_call")])
+def test_reset_then_steps_as_text_and_as_messages_reach_the_experts_reward(env, options, fmt, tmp_path):
+    _, episodes = expert_run(env, options, 4, tmp_path / "direct")
+    with running_server(env, options, "test") as url, client(url) as session:
+        for traj, as_messages in zip(episodes, (False, True, False, True), strict=True):
+            result, state = play(session, traj, as_messages, options)
             assert result.done and result.reward == traj.score.reward == 1.0
             assert state["score"]["success"] and state["task_id"] == traj.task_id and state["done"]
-            assert state["step_count"] == len(traj.turns) and state["format"] == "act_line"
+            assert state["step_count"] == len(traj.turns) and state["format"] == fmt
 
 
 def test_reset_without_task_id_deals_the_split_in_order_and_index_picks_one(household_url):
@@ -176,8 +180,14 @@ def test_retail_expert_episodes_replayed_through_generic_env_client_get_evals_re
     assert summary["n_episodes"] == len(episodes) > 0
     with client(retail_url) as session:
         for i, traj in enumerate(episodes):
-            result, state = play(session, traj, as_messages=i % 2 == 1)
+            result, state = play(session, traj, i % 2 == 1, RETAIL)
             assert (result.done, result.reward, state["score"]["reward"]) == (True, traj.score.reward, traj.score.reward)
+        run_eval("service", RETAIL, "random", "test", 10, 1, 0, tmp_path / "random")  # failures too
+        lines = (tmp_path / "random" / "episodes.jsonl").read_text().splitlines()
+        for traj in map(Trajectory.from_json, lines):
+            _, state = play(session, traj)
+            assert (state["score"]["success"], state["score"]["reward"]) == (traj.score.success, traj.score.reward)
+        assert {Trajectory.from_json(line).score.reward for line in lines} >= {0.0}
 
 
 @needs_tau2
