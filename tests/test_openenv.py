@@ -33,6 +33,14 @@ needs_tau2 = pytest.mark.skipif(not (TAU2 / "retail" / "db.json").is_file(), rea
 TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "policy"}
 
 
+@pytest.fixture(autouse=True)
+def _forget_servers():
+    """A URL's facts are cached per process; a later test's server may get a port an earlier one had."""
+    from turnforge.integrations.openenv.remote import remote_env_spec, server_facts
+
+    server_facts.cache_clear(), remote_env_spec.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def household_url():
     with running_server("household", {}, "test") as url:

@@ -52,7 +52,7 @@ class ServerFacts:
         return self.action_schema.get("title") in ("CallToolAction", "ListToolsAction")
 
 
-@functools.cache
+@functools.cache  # one process talks to one server per URL (tests clear it between servers)
 def server_facts(url: str) -> ServerFacts:
     try:
         with httpx.Client(base_url=url, timeout=30.0) as http:
@@ -128,6 +128,7 @@ class OpenEnvEnv:
         self.action_field = self._action_field(action_field)
         self.client = None
         self._tools: list[dict] | None = None
+        self.total, self.done = 0.0, False
 
     # ---- the Env protocol -----------------------------------------------------------------------------------
     def reset(self, task: Task) -> list[Message]:
@@ -241,6 +242,8 @@ class OpenEnvEnv:
 class ServedEnvWithExpert(OpenEnvEnv):
     """A `turnforge env serve` env whose family has a scripted expert: `expert_reply()` asks the server (a step
     `{"type": "expert"}` that does not move the episode), so `--policy expert` and DPO mining's expert work."""
+
+    _thought: str | None = None
 
     def expert_reply(self) -> Message:
         answer = self.client.step({"type": "expert"}).observation
