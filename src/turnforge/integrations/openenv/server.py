@@ -45,7 +45,7 @@ from turnforge.integrations.openenv.models import (
     TurnforgeObservation,
     TurnforgeState,
 )
-from turnforge.types import Message, StepResult, Task, ToolCall
+from turnforge.types import Message, Score, StepResult, Task, ToolCall
 
 
 class ServedEnv:
@@ -113,6 +113,7 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         self.task: Task | None = None
         self.sample, self.steps, self.done = 0, 0, False
         self.episode_id: str | None = None
+        self.final: Score | None = None  # the episode's score, once it has ended
 
     # ---- OpenEnv's Environment -----------------------------------------------------------------------------
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
@@ -127,6 +128,7 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         if self.env is None:
             self.env = make_env(self.served.name, **self.served.options)
         self.task, self.sample, self.steps, self.done, self.episode_id = task, int(sample), 0, False, episode_id
+        self.final = None
         messages = self._guarded(self.env.reset, task)
         return TurnforgeObservation(
             messages=[m.to_dict() for m in messages], tools=self._guarded(self.env.tools),
@@ -146,7 +148,8 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         result: StepResult = self._guarded(self.env.step, self._reply(action))
         self.steps, self.done = self.steps + 1, result.done
         # Once the episode ends, OpenEnv's reward is the episode's (the env's score), as a trainer reads it.
-        reward = self._guarded(self.env.score).reward if result.done else result.reward
+        self.final = self._guarded(self.env.score) if result.done else None
+        reward = self.final.reward if self.final is not None else result.reward
         messages = [m.to_dict() for m in result.messages]
         # Not `info` whole: its hint is for envs with hints on, which put it in the observation text already.
         metadata = {"stop": result.stop.value if result.stop else None, "progress": result.info.get("progress", 0.0)}
@@ -158,12 +161,16 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
 
     @property
     def state(self) -> TurnforgeState:
+        # openenv reads `state` on its event loop, not in the session's thread: a finished episode's score is the
+        # one computed by its last step, so that only a client that stops early (a turn cap) waits for a scoring.
         started = self.env is not None and self.task is not None
+        score = self.final if self.final is not None else self.env.score() if started else None
+        served = self.served
         return TurnforgeState(
-            episode_id=self.episode_id, step_count=self.steps, env=self.served.name, format=self.served.format_name,
-            plain_text_answers=self.served.plain_text_answers, expert=self.served.expert, split=self.task.split if started else self.served.split,
-            task_id=self.task.id if started else None, sample=self.sample, done=self.done,
-            score=asdict(self.env.score()) if started else None,
+            episode_id=self.episode_id, step_count=self.steps, env=served.name, format=served.format_name,
+            plain_text_answers=served.plain_text_answers, expert=served.expert, done=self.done, sample=self.sample,
+            split=self.task.split if started else served.split, task_id=self.task.id if started else None,
+            score=asdict(score) if score is not None else None,
         )
 
     @functools.cached_property
