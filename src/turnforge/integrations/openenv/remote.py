@@ -35,6 +35,7 @@ from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCa
 
 PREFIX = "openenv:"
 OBSERVATION_BASE = ("done", "reward", "metadata")
+SEEDS = 10  # episodes per split of a server without OpenEnv's Task API (option `seeds`)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def _post(facts: ServerFacts, route: str, body: dict[str, Any]) -> Any:
     return response.json()
 
 
-def load_remote_tasks(url: str, split: str, limit: int | None = None, seeds: int = 10, **_: Any) -> list[Task]:
+def load_remote_tasks(url: str, split: str, limit: int | None = None, seeds: int = SEEDS, **_: Any) -> list[Task]:
     """The split's tasks from the Task API, in its order; without one, `seeds` episodes reset by seed."""
     facts, name = server_facts(url), PREFIX + url
     if not facts.task_api:
@@ -110,7 +111,7 @@ def _get_json(facts: ServerFacts, path: str) -> Any:
 def remote_split_size(url: str, split: str, options: dict[str, Any]) -> int | None:
     facts = server_facts(url)
     if not facts.task_api:
-        return options.get("seeds", 10)
+        return options["seeds"]
     return None  # counted from the tasks (an unknown split is refused there, with the server's splits)
 
 
@@ -119,7 +120,7 @@ class OpenEnvEnv:
 
     blocks = True  # every call waits on the network: the rollout runs them in worker threads
 
-    def __init__(self, url: str, format: str = "", seeds: int = 10, success_reward: float = 1.0,  # noqa: A002
+    def __init__(self, url: str, format: str = "", seeds: int = SEEDS, success_reward: float = 1.0,  # noqa: A002
                  action_field: str = "", timeout_s: float = 60.0):
         self.url, self.name = url, PREFIX + url
         self.facts = server_facts(url)
@@ -308,7 +309,7 @@ def remote_env_spec(name: str) -> EnvSpec:
         options=[
             EnvOption("format", str, "", "how the agent writes actions (a turnforge server's own; else act_line for "
                       "a text action, tool_call for a structured or MCP one)"),
-            EnvOption("seeds", int, 10, "servers without OpenEnv's Task API: episodes per split, reset(seed=0..N-1)",
+            EnvOption("seeds", int, SEEDS, "servers without OpenEnv's Task API: episodes per split, reset(seed=0..N-1)",
                       at_least=1),
             EnvOption("success_reward", float, 1.0, "other servers: an episode succeeds when its summed reward "
                       "reaches this"),
