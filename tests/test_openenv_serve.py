@@ -163,6 +163,7 @@ def test_concurrent_retail_sessions_on_one_task_keep_their_own_database(retail_u
     would fail (the order already changed) and its verdict differ."""
     _, episodes = expert_run("service", RETAIL, 5, tmp_path / "direct")
     traj = max(episodes, key=lambda t: len(t.turns))
+    assert any(write in text for text in replies(traj) for write in ("modify_", "cancel_", "exchange_", "return_"))
     with client(retail_url) as a, client(retail_url) as b:
         a.reset(task_id=traj.task_id), b.reset(task_id=traj.task_id)
         for text in replies(traj):
