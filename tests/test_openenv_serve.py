@@ -107,6 +107,19 @@ def test_bad_resets_and_steps_out_of_order_are_clear_errors(household_url):
         assert session.reset(index=0).observation["messages"]
 
 
+def test_http_routes_answer_a_bad_request_with_a_400_that_says_why(household_url):
+    """OpenEnv's stateless HTTP routes (a fresh env per request): a refused request is a 400 with one line, not
+    Starlette's bare 500 and a traceback in the server's log."""
+    import httpx
+
+    step = httpx.post(f"{household_url}/step", json={"action": {"text": "ACTION: look"}})
+    assert step.status_code == 400 and "step before reset" in step.json()["detail"]
+    assert "use the WebSocket" in step.json()["detail"]
+    reset = httpx.post(f"{household_url}/reset", json={"task_id": "nope"})
+    assert reset.status_code == 400 and "has no task 'nope'" in reset.json()["detail"]
+    assert httpx.post(f"{household_url}/reset", json={"index": 0}).status_code == 200
+
+
 def test_invalid_json_on_the_socket_is_refused_and_the_socket_still_serves(household_url):
     from websockets.sync.client import connect
 

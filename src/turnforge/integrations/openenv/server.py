@@ -47,6 +47,9 @@ from turnforge.integrations.openenv.models import (
 )
 from turnforge.types import Message, Score, StepResult, Task, ToolCall
 
+NO_EPISODE = ("step before reset: reset(task_id=...) (or reset()) first, in the same session; OpenEnv's HTTP /step "
+              "has none (a fresh env per request): use the WebSocket /ws, as GenericEnvClient does")
+
 
 class ServedEnv:
     """What every session of one server shares, read-only: the env's name and options, and the tasks of its splits
@@ -140,7 +143,7 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         if action.type == "list_tools":
             return ListToolsObservation(tools=self._mcp_tools())
         if self.env is None or self.task is None:
-            raise ValueError("step before reset: call reset(task_id=...) (or reset()) first")
+            raise ValueError(NO_EPISODE)
         if self.done:
             raise ValueError(f"the episode of task {self.task.id!r} is over; reset to start another")
         if action.type == "expert":
@@ -291,8 +294,18 @@ def build_app(name: str, options: dict[str, Any], split: str, max_sessions: int 
     if max_sessions < 1:
         raise ValueError(f"--max-sessions must be at least 1, got {max_sessions}")
     served = ServedEnv(name, options, split)
-    return create_app(functools.partial(TurnforgeEnvironment, served), TurnforgeAction, TurnforgeObservation,
-                      env_name=name, max_concurrent_envs=max_sessions, state_cls=TurnforgeState)
+    app = create_app(functools.partial(TurnforgeEnvironment, served), TurnforgeAction, TurnforgeObservation,
+                     env_name=name, max_concurrent_envs=max_sessions, state_cls=TurnforgeState)
+    app.add_exception_handler(ValueError, _refused)  # on the WebSocket, openenv sends such errors as error frames
+    return app
+
+
+async def _refused(request, error: ValueError):
+    """A request the env refused (an unknown task, a step without an episode) on openenv's HTTP routes: a 400 with
+    the one line, not Starlette's bare 500 and a traceback in the server's log."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=400, content={"detail": str(error)})
 
 
 def serve(name: str, options: dict[str, Any], split: str, host: str = "127.0.0.1", port: int = 8000,
