@@ -235,3 +235,14 @@ def test_collect_on_an_openenv_url_writes_training_data(tiny_model_dir, tmp_path
     episodes = [Trajectory.from_json(line) for line in lines]
     assert len(episodes) == 2 and all(e.env == f"openenv:{url}" and e.turns for e in episodes)
     assert all(e.turns[0].generated_ids for e in episodes)  # token ids kept for training
+
+
+def test_openenv_url_without_the_openenv_package_names_the_extra(monkeypatch):
+    import sys
+
+    from turnforge.envs.base import get_env_spec
+
+    monkeypatch.setitem(sys.modules, "openenv", None)  # as if not installed: importing it raises ImportError
+    monkeypatch.delitem(sys.modules, "turnforge.integrations.openenv.remote")
+    with pytest.raises(ValueError, match=r"needs the openenv package .*pip install 'turnforge\[openenv\]'"):
+        get_env_spec("openenv:http://127.0.0.1:9")

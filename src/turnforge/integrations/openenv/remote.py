@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from openenv import GenericEnvClient
 
 from turnforge.envs.base import EnvOption, EnvSpec, get_env_spec
 from turnforge.formats import get_format
@@ -134,8 +135,6 @@ class OpenEnvEnv:
     # ---- the Env protocol -----------------------------------------------------------------------------------
     def reset(self, task: Task) -> list[Message]:
         if self.client is None:
-            from openenv import GenericEnvClient
-
             self.client = GenericEnvClient(base_url=self.url, message_timeout_s=self.timeout_s).sync()
         result = self.client.reset(**task.data["reset"])
         self.total, self.done = float(result.reward or 0.0), result.done
