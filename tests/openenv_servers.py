@@ -33,8 +33,8 @@ def client(url: str):
     return GenericEnvClient(base_url=url).sync()
 
 
-def expert_run(env: str, options: dict, tasks: int, out: Path) -> tuple[dict, list[Trajectory]]:
-    summary = run_eval(env, options, "expert", "test", tasks, 1, 0, out)
+def expert_run(env: str, options: dict, tasks: int, out: Path, samples: int = 1) -> tuple[dict, list[Trajectory]]:
+    summary = run_eval(env, options, "expert", "test", tasks, samples, 0, out)
     return summary, [Trajectory.from_json(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
 
 

@@ -29,12 +29,17 @@ TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "policy"}
 @pytest.mark.parametrize(("env", "options"), [
     ("household", {"thoughts": "goal"}), pytest.param("service", RETAIL, marks=needs_tau2)])
 def test_eval_through_openenv_url_gives_the_direct_envs_summary_and_episodes(env, options, policy, tmp_path):
-    """The round trip: `--env openenv:URL` against `turnforge env serve` gives the direct env's summary and episodes,
-    with the direct run's replies replayed and with the expert asked through the server ({"type": "expert"})."""
-    direct, episodes = expert_run(env, options, 8, tmp_path / "direct")
+    """The round trip: `--env openenv:URL` against `turnforge env serve` gives the direct env's summary (pass@k and
+    pass^k of 2 samples) and episodes, with the direct run's replies replayed and with the expert asked through the
+    server ({"type": "expert"}); a run killed half way resumes to the same summary."""
+    direct, episodes = expert_run(env, options, 5, tmp_path / "direct", samples=2)
     spec = f"replay:{tmp_path / 'direct' / 'episodes.jsonl'}" if policy == "replay" else "expert"
     with running_server(env, options, "test") as url:
-        remote = run_eval(f"openenv:{url}", {}, spec, "test", 8, 1, 0, tmp_path / "remote")
+        run_eval(f"openenv:{url}", {}, spec, "test", 5, 2, 0, tmp_path / "remote")
+        episodes_file = tmp_path / "remote" / "episodes.jsonl"
+        episodes_file.write_text("".join(line + "\n" for line in episodes_file.read_text().splitlines()[:4]))
+        (tmp_path / "remote" / "summary.json").unlink()
+        remote = run_eval(f"openenv:{url}", {}, spec, "test", 5, 2, 0, tmp_path / "remote")  # resumes
     ignored = TIMING_KEYS if policy == "replay" else TIMING_KEYS - {"policy"}
     assert {k: v for k, v in remote.items() if k not in ignored} == {k: v for k, v in direct.items() if k not in ignored}
     lines = (tmp_path / "remote" / "episodes.jsonl").read_text().splitlines()
