@@ -63,8 +63,10 @@ class ServedEnv:
         if roles:
             raise ValueError(f"env {name!r} with these options needs model role(s) {sorted(roles)}, which env serve does "
                              "not play: serve it with a scripted user (e.g. --env-opt user=scripted) and no judge")
-        self._tasks: dict[str, list[Task]] = {split: load_tasks(name, split, **self.options)}
+        self._tasks: dict[str, list[Task]] = {}
+        self._by_id: dict[str, dict[str, Task]] = {}
         self._lock = threading.Lock()
+        self.tasks(split)  # the served split's, before the server listens
         self._next = itertools.count()
         probe = make_env(name, **self.options)  # bad options fail here, before the server listens
         try:
@@ -73,13 +75,14 @@ class ServedEnv:
             self.expert = isinstance(probe, SupportsExpert)
         finally:
             probe.close()
-        self.splits = get_env_spec(name).splits or (split,)
+        self.splits = spec.splits or (split,)
 
     def tasks(self, split: str | None) -> list[Task]:
         split = split or self.split
         with self._lock:
             if split not in self._tasks:
                 self._tasks[split] = load_tasks(self.name, split, **self.options)  # ValueError names the splits
+                self._by_id[split] = {task.id: task for task in self._tasks[split]}
             return self._tasks[split]
 
     def pick(self, split: str | None, task_id: str | None, index: int | None) -> Task:
@@ -87,11 +90,11 @@ class ServedEnv:
         tasks = self.tasks(split)
         where = f"env {self.name!r} split {split or self.split!r}"
         if task_id is not None:
-            found = [t for t in tasks if t.id == str(task_id)]
-            if not found:
+            found = self._by_id[split or self.split].get(str(task_id))
+            if found is None:
                 raise ValueError(f"{where} has no task {task_id!r}; its task ids are listed by the Task API "
                                  f"(POST /{self.name}/tasks) or give index=0..{len(tasks) - 1}")
-            return found[0]
+            return found
         if index is not None:
             if not 0 <= index < len(tasks):
                 raise ValueError(f"{where} has {len(tasks)} tasks; index {index} is out of range")
