@@ -251,3 +251,24 @@ def test_openenv_url_without_the_openenv_package_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "turnforge.integrations.openenv.remote")
     with pytest.raises(ValueError, match=r"needs the openenv package .*pip install 'turnforge\[openenv\]'"):
         get_env_spec("openenv:http://127.0.0.1:9")
+
+
+def test_dpo_mining_on_an_openenv_url_finds_the_direct_envs_pairs(tmp_path):
+    """DPO mining replays episodes in the env and reads each step's defects, progress and the expert: through
+    `turnforge env serve` it mines the pairs it mines in-process (random episodes: invalid actions, loops, ...)."""
+    from functools import partial
+
+    from turnforge.data.dpo_pairs.mining import mine_dpo_pairs
+    from turnforge.envs.base import tasks_of
+
+    def mined(trajectories, env_name):
+        pairs = mine_dpo_pairs(trajectories, partial(make_env, env_name), tasks_of(trajectories, env_name))
+        return sorted((p.task_id, p.turn, p.reason, p.chosen_from, p.chosen, p.rejected, str(p.messages)) for p in pairs)
+
+    run_eval("household", {}, "random", "test", 4, 2, 0, tmp_path / "direct")
+    direct = [Trajectory.from_json(line) for line in (tmp_path / "direct" / "episodes.jsonl").read_text().splitlines()]
+    with running_server("household", {}, "test") as url:
+        name = f"openenv:{url}"
+        run_eval(name, {}, f"replay:{tmp_path / 'direct' / 'episodes.jsonl'}", "test", 4, 2, 0, tmp_path / "remote")
+        remote = [Trajectory.from_json(line) for line in (tmp_path / "remote" / "episodes.jsonl").read_text().splitlines()]
+        assert mined(remote, name) == mined(direct, "household") != []

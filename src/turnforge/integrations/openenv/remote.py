@@ -153,11 +153,11 @@ class OpenEnvEnv:
             action = {"text": reply.text} if isinstance(reply, FormatError) else {"message": reply.to_dict()}
             result = self.client.step(action)
             self.done = result.done
-            info = result.observation.get("metadata") or {}
+            info = dict(result.observation.get("metadata") or {})  # the env's step info (server.py `step_info`)
+            stop = info.pop("stop", None)
             messages = [Message.from_dict(m) for m in result.observation.get("messages", [])]
-            stop = StopReason(info["stop"]) if info.get("stop") else None
-            return StepResult(messages, float(result.reward or 0.0), result.done, stop,
-                              {"progress": info.get("progress", 0.0)})
+            return StepResult(messages, float(result.reward or 0.0), result.done, StopReason(stop) if stop else None,
+                              info)
         return self._foreign_step(reply)
 
     def score(self) -> Score:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -157,8 +158,7 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         self.final = self._guarded(self.env.score) if result.done else None
         reward = self.final.reward if self.final is not None else result.reward
         messages = [m.to_dict() for m in result.messages]
-        # Not `info` whole: its hint is for envs with hints on, which put it in the observation text already.
-        metadata = {"stop": result.stop.value if result.stop else None, "progress": result.info.get("progress", 0.0)}
+        metadata = {**step_info(result.info), "stop": result.stop.value if result.stop else None}
         if action.type == "call_tool":
             answer = next((m["content"] for m in messages if m["role"] == "tool"), "")
             return CallToolObservation(tool_name=action.tool_name, result=answer, done=result.done, reward=reward,
@@ -270,6 +270,12 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
         except Exception:
             self.close()
             raise
+
+
+def step_info(info: dict[str, Any]) -> dict[str, Any]:
+    """A step's `info` as JSON (progress, defects, won: what DPO mining and progress rewards read), without the hint:
+    an env with hints on has put it in the observation already, and with hints off it must not reach the agent."""
+    return json.loads(json.dumps({k: v for k, v in info.items() if k != "hint"}, default=str))
 
 
 def _tools_of(served: ServedEnv) -> list[dict] | None:
