@@ -170,6 +170,22 @@ def test_mining_finds_every_reason_and_each_rejected_reply_has_its_defect(defect
         assert pair.messages[-1]["role"] == "user" and pair.messages[0]["role"] == "system"
 
 
+def test_mining_closes_every_env_it_builds(defective_trajectories, tasks):
+    """Each replay builds an env; each is closed once (an env may hold a database, a sandbox, an OpenEnv session:
+    unclosed, an `openenv:URL` server refused new sessions once mining had opened its 64)."""
+    made, closed = [], []
+
+    def factory():
+        env = make_env("household")
+        close = env.close
+        env.close = lambda: (closed.append(env), close())
+        made.append(env)
+        return env
+
+    mine_dpo_pairs(defective_trajectories, factory, {t.id: t for t in tasks})
+    assert made and sorted(map(id, closed)) == sorted(map(id, made))
+
+
 def test_chosen_comes_from_a_successful_sibling_at_the_same_history(tasks, expert_trajectories, tmp_path):
     task, traj = tasks[0], expert_trajectories[0]
     replies = [m.content for m in traj.messages if m.role == "assistant"]

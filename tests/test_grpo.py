@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from turnforge.envs.base import expert_text, load_tasks
+from turnforge.envs.base import expert_text, load_tasks, make_env
 from turnforge.models import load_model
 from turnforge.policies.base import Generation
 from turnforge.policies.scripted import ExpertPolicy
@@ -377,3 +377,20 @@ def test_rollouts_run_the_model_in_its_own_dtype_not_accelerates_autocast(tiny_m
             assert torch.equal(model(input_ids=ids).logits, reference)
         assert model.forward == wrapped
         assert not torch.equal(model(input_ids=ids).logits, reference)
+
+
+def test_task_dataset_closes_the_env_it_reads_prompts_from(monkeypatch):
+    """The env that writes the dataset's prompts is closed (it may hold a sandbox or an OpenEnv session)."""
+    import turnforge.train.grpo as grpo
+
+    closed = []
+
+    def make(name, **options):
+        env = make_env(name, **options)
+        close = env.close
+        env.close = lambda: (closed.append(env), close())
+        return env
+
+    monkeypatch.setattr(grpo, "make_env", make)
+    task_dataset("household", ENV_OPTIONS, load_tasks("household", "train", limit=2, **ENV_OPTIONS))
+    assert len(closed) == 1

@@ -10,6 +10,8 @@
     turnforge serve --model runs/qs/stages/02-sft/model --port 8000
     turnforge eval --env household --policy openai:http://127.0.0.1:8000/v1 --concurrency 16 --out runs/via-http
     turnforge eval --env household --policy expert --ray auto --workers 4 --out runs/ray
+    turnforge env serve --env household --split test --port 8001    # an OpenEnv server (GenericEnvClient drives it)
+    turnforge eval --env openenv:http://127.0.0.1:8001 --policy random --out runs/remote
     accelerate launch --config_file configs/accelerate/ddp.yaml -m turnforge run alfworld_sft --out runs/alf
     turnforge report runs/qs                       # report.md + report.html + plots/ (also written by every run)
     turnforge report runs/a runs/b --compare --out runs/a-vs-b
@@ -328,6 +330,30 @@ def serve(
     served = ServedModel(model, name=name, adapters=adapters, device=device, dtype=dtype)
     run_server(served, host=host, port=port, max_batch=max_batch,
                on_ready=lambda url: typer.echo(f"serving {', '.join(served.names)} at {url} (Ctrl-C stops)"))
+
+
+env_app = typer.Typer(help="Environments on the field's interfaces: serve one as an OpenEnv server.", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+
+@env_app.command("serve")
+@_user_errors
+def env_serve(
+    env: Annotated[str, typer.Option(help="Environment name (see `turnforge envs`).")],
+    env_opt: Annotated[list[str] | None, typer.Option(help="Env option KEY=VALUE; repeatable.")] = None,
+    split: Annotated[str, typer.Option(help="The split whose tasks reset() deals (task_id / index pick one).")] = "test",
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one (printed).")] = 8000,
+    max_sessions: Annotated[int, typer.Option(help="Concurrent WebSocket sessions (one env each) at most.")] = 64,
+) -> None:
+    """Serve an env as an OpenEnv environment (openenv's server: reset / step / state over WebSocket, Task API)."""
+    try:
+        from turnforge.integrations.openenv.server import serve as run_server
+    except ImportError as e:
+        raise ValueError(f"turnforge env serve needs the openenv package ({e}): pip install 'turnforge[openenv]'") from None
+    run_server(env, parse_env_options(env_opt or []), split, host=host, port=port, max_sessions=max_sessions,
+               on_ready=lambda url: typer.echo(f"serving env {env!r} split {split!r} at {url} (Ctrl-C stops); "
+                                               f"use it as --env openenv:{url}"))
 
 
 def parse_adapters(pairs: list[str]) -> dict[str, str]:

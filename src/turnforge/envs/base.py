@@ -201,10 +201,20 @@ def _load_builtin() -> None:
 
 
 def get_env_spec(name: str) -> EnvSpec:
+    if name.startswith("openenv:"):  # a running OpenEnv server (integrations/openenv/remote.py), not a family
+        return _openenv_spec(name)
     _load_builtin()
     if name not in _REGISTRY:
         raise ValueError(f"unknown env {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
+
+
+def _openenv_spec(name: str) -> EnvSpec:
+    try:  # imported here: the openenv extra is optional, and only this prefix needs it
+        from turnforge.integrations.openenv.remote import remote_env_spec
+    except ImportError as e:
+        raise ValueError(f"--env {name!r} needs the openenv package ({e}): pip install 'turnforge[openenv]'") from None
+    return remote_env_spec(name)
 
 
 def list_envs() -> list[EnvSpec]:

@@ -100,7 +100,10 @@ def task_dataset(env_name: str, env_options: dict[str, Any], tasks: list[Task]) 
     # user's opening needs the `user` role, which only the rollouts have; the episodes play with it).
     roles = get_env_spec(env_name).role_options
     env = make_env(env_name, **{k: v for k, v in env_options.items() if k not in roles})
-    return datasets.Dataset.from_list([{"prompt": task_prompt(t, env.reset(t))} for t in tasks])
+    try:
+        return datasets.Dataset.from_list([{"prompt": task_prompt(t, env.reset(t))} for t in tasks])
+    finally:
+        env.close()  # it may hold a sandbox or an OpenEnv session
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -71,19 +71,25 @@ def _history_key(messages: list[Message]) -> str:
 
 
 def _replay(env_factory: Callable[[], Env], task: Task, replies: list[str], settings: MiningSettings) -> tuple[Env, list[Judged]]:
-    """A fresh env stepped through `replies`, and each reply judged."""
+    """A fresh env stepped through `replies`, and each reply judged. The caller closes the env: it may hold a
+    database, a sandbox or an OpenEnv session."""
     env = env_factory()
-    env.reset(task)
-    past: list[Judged] = []
-    for reply in replies:
-        past.append(judge_reply(env, reply, past, settings))
+    try:
+        env.reset(task)
+        past: list[Judged] = []
+        for reply in replies:
+            past.append(judge_reply(env, reply, past, settings))
+    except BaseException:
+        env.close()
+        raise
     return env, past
 
 
 def replay_trajectory(traj: Trajectory, env_factory: Callable[[], Env], task: Task, settings: MiningSettings) -> list[Judged] | None:
     """Every assistant reply of `traj` judged in a fresh env; None when the replay's observations differ from the record."""
     starts = traj.reply_indices()
-    _, judged = _replay(env_factory, task, [traj.messages[i].content for i in starts], settings)
+    env, judged = _replay(env_factory, task, [traj.messages[i].content for i in starts], settings)
+    env.close()
     for n, i in enumerate(starts):
         nxt = starts[n + 1] if n + 1 < len(starts) else len(traj.messages)
         recorded = "\n".join(m.content for m in traj.messages[i + 1 : nxt])
@@ -104,22 +110,28 @@ def _chosen_reply(
     """(chosen reply, where it came from) at the state after `history`: the first of `sources` (teacher, sibling;
     then the expert) whose reply is defect-free when stepped there; None if none is."""
     env, past = _replay(env_factory, task, [j.reply for j in history], settings)
-    if rejected.defects == ["verbose"]:
-        assert isinstance(rejected.parsed, Message)
-        sources = [("concise", env.format.render(rejected.parsed))]
-    elif isinstance(env, SupportsExpert):
-        sources = [*sources, ("expert", None)]
-    for source, candidate in sources:
-        if source == "expert":
-            candidate = expert_text(env)
-        if candidate is None:
-            continue
-        if candidate != rejected.reply and not judge_reply(env, candidate, past, settings).defects:
-            return candidate, source
-        if source == "teacher":
-            counts.teacher_rejected += 1
-        env, past = _replay(env_factory, task, [j.reply for j in history], settings)  # judging stepped it
-    return None
+    try:
+        if rejected.defects == ["verbose"]:
+            assert isinstance(rejected.parsed, Message)
+            sources = [("concise", env.format.render(rejected.parsed))]
+        elif isinstance(env, SupportsExpert):
+            sources = [*sources, ("expert", None)]
+        for source, candidate in sources:
+            if source == "expert":
+                candidate = expert_text(env)
+            if candidate is None:
+                continue
+            if candidate != rejected.reply and not judge_reply(env, candidate, past, settings).defects:
+                return candidate, source
+            if source == "teacher":
+                counts.teacher_rejected += 1
+            stepped, env = env, None  # judging stepped it: the next candidate gets a fresh replay
+            stepped.close()
+            env, past = _replay(env_factory, task, [j.reply for j in history], settings)
+        return None
+    finally:
+        if env is not None:
+            env.close()
 
 
 def mine_dpo_pairs(

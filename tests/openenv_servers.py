@@ -1,0 +1,79 @@
+"""What the OpenEnv tests share: the tau2 retail options, openenv clients, expert episodes, an app on a port.
+
+Imported by tests/test_openenv_serve.py and tests/test_openenv_url.py after `pytest.importorskip("openenv")`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+from openenv import GenericEnvClient
+
+from turnforge.envs.base import make_env
+from turnforge.eval.runner import run_eval
+from turnforge.types import Trajectory
+
+TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
+RETAIL = {"domain": "retail", "data_dir": str(TAU2 / "retail")}
+needs_tau2 = pytest.mark.skipif(not (TAU2 / "retail" / "db.json").is_file(), reason="../shared/data/tau2 absent")
+
+
+@pytest.fixture(autouse=True)
+def forget_servers():
+    """A URL's facts are cached per process; a later test's server may get a port an earlier one had."""
+    from turnforge.integrations.openenv.remote import remote_env_spec, server_facts
+
+    server_facts.cache_clear(), remote_env_spec.cache_clear()
+
+
+def client(url: str):
+    return GenericEnvClient(base_url=url).sync()
+
+
+def expert_run(env: str, options: dict, tasks: int, out: Path, samples: int = 1) -> tuple[dict, list[Trajectory]]:
+    summary = run_eval(env, options, "expert", "test", tasks, samples, 0, out)
+    return summary, [Trajectory.from_json(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+def replies(traj: Trajectory) -> list[str]:
+    return [traj.messages[i].content for i in traj.reply_indices()]
+
+
+def play(session, traj: Trajectory, as_messages: bool = False, options: dict | None = None):
+    """Replay an episode's replies through a GenericEnvClient session, as raw text or as the parsed messages (the
+    env's format parses them here); the last step's result and the state."""
+    first = session.reset(task_id=traj.task_id, sample=traj.sample)
+    assert first.observation["messages"] == [m.to_dict() for m in traj.between_replies()[0]]
+    assert first.observation["tools"] == traj.tools
+    env = make_env(traj.env, **(options or {})) if as_messages else None
+    for text in replies(traj):
+        parsed = env.format.parse(text) if env is not None else None
+        action = {"message": parsed.to_dict()} if parsed is not None and not hasattr(parsed, "reason") else {"text": text}
+        result = session.step(action)
+    return result, session.state()
+
+
+@contextlib.contextmanager
+def serving(app):
+    """An OpenEnv app (openenv's own server classes) on a free loopback port, in a thread."""
+    import threading
+
+    import uvicorn
+
+    from turnforge.policies.serve import bind
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
