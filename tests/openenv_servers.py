@@ -13,7 +13,7 @@ import pytest
 from openenv import GenericEnvClient
 
 from turnforge.envs.base import make_env
-from turnforge.eval.runner import run_eval
+from turnforge.rollouts_file import run_eval
 from turnforge.types import Trajectory
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
@@ -24,7 +24,7 @@ needs_tau2 = pytest.mark.skipif(not (TAU2 / "retail" / "db.json").is_file(), rea
 @pytest.fixture(autouse=True)
 def forget_servers():
     """A URL's facts are cached per process; a later test's server may get a port an earlier one had."""
-    from turnforge.integrations.openenv.remote import remote_env_spec, server_facts
+    from turnforge.envs.openenv_url import remote_env_spec, server_facts
 
     server_facts.cache_clear(), remote_env_spec.cache_clear()
 

@@ -18,7 +18,7 @@ from openenv.core.env_server.types import Action, Observation, State  # noqa: E4
 
 from openenv_servers import RETAIL, expert_run, forget_servers, needs_tau2, serving  # noqa: E402, F401
 from turnforge.envs.base import make_env  # noqa: E402
-from turnforge.eval.runner import run_eval  # noqa: E402
+from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.integrations.openenv.server import running_server  # noqa: E402
 from turnforge.types import Trajectory  # noqa: E402
 
@@ -248,7 +248,7 @@ def test_openenv_url_without_the_openenv_package_names_the_extra(monkeypatch):
     from turnforge.envs.base import get_env_spec
 
     monkeypatch.setitem(sys.modules, "openenv", None)  # as if not installed: importing it raises ImportError
-    monkeypatch.delitem(sys.modules, "turnforge.integrations.openenv.remote")
+    monkeypatch.delitem(sys.modules, "turnforge.envs.openenv_url")
     with pytest.raises(ValueError, match=r"needs the openenv package .*pip install 'turnforge\[openenv\]'"):
         get_env_spec("openenv:http://127.0.0.1:9")
 

@@ -201,7 +201,7 @@ def _load_builtin() -> None:
 
 
 def get_env_spec(name: str) -> EnvSpec:
-    if name.startswith("openenv:"):  # a running OpenEnv server (integrations/openenv/remote.py), not a family
+    if name.startswith("openenv:"):  # a running OpenEnv server (envs/openenv_url.py), not a family
         return _openenv_spec(name)
     _load_builtin()
     if name not in _REGISTRY:
@@ -211,7 +211,7 @@ def get_env_spec(name: str) -> EnvSpec:
 
 def _openenv_spec(name: str) -> EnvSpec:
     try:  # imported here: the openenv extra is optional, and only this prefix needs it
-        from turnforge.integrations.openenv.remote import remote_env_spec
+        from turnforge.envs.openenv_url import remote_env_spec
     except ImportError as e:
         raise ValueError(f"--env {name!r} needs the openenv package ({e}): pip install 'turnforge[openenv]'") from None
     return remote_env_spec(name)
