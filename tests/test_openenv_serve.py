@@ -24,8 +24,8 @@ from openenv_servers import (  # noqa: E402
     replies,
 )
 from turnforge.envs.base import make_env  # noqa: E402
-from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.integrations.openenv.server import running_server  # noqa: E402
+from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.types import Trajectory  # noqa: E402
 
 

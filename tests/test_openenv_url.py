@@ -18,8 +18,8 @@ from openenv.core.env_server.types import Action, Observation, State  # noqa: E4
 
 from openenv_servers import RETAIL, expert_run, forget_servers, needs_tau2, serving  # noqa: E402, F401
 from turnforge.envs.base import make_env  # noqa: E402
-from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.integrations.openenv.server import running_server  # noqa: E402
+from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.types import Trajectory  # noqa: E402
 
 TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "policy"}
