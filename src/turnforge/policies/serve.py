@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import secrets
@@ -155,7 +154,7 @@ class _PerRequestSettings:
     def generate(self, prompts: list[_ServedPrompt], _params: SamplingParams) -> list[Generation]:
         groups: dict[tuple, list[int]] = {}
         for i, p in enumerate(prompts):
-            groups.setdefault((p.adapter, json.dumps(dataclasses.asdict(p.params))), []).append(i)
+            groups.setdefault((p.adapter, p.params.model_dump_json()), []).append(i)
         out: list[Generation | None] = [None] * len(prompts)
         for (adapter, _), rows in groups.items():
             with self._adapter(adapter):

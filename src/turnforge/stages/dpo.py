@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from turnforge.data.dpo_pairs import (
     MiningCounts,
@@ -36,7 +36,7 @@ from turnforge.models.tiny import resolve_model
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import Policy, SamplingParams
 from turnforge.scale.processes import main_process_result
-from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
+from turnforge.stages.config import STAGE_NAME, TrainStage
 from turnforge.stages.context import MODELS_DIR, RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
@@ -46,10 +46,10 @@ from turnforge.types import read_trajectories
 PAIRS_FILE = "pairs.jsonl"
 
 
-class _DPOStage(TrainStage):
+class DPOStageConfig(TrainStage, DPOSettings):
     """`kind = "dpo"`: round-wise DPO on pairs mined from earlier collect stages and/or pair datasets.
 
-    The training fields are those of `turnforge.train.settings.DPOSettings`.
+    The training fields are those of `turnforge.train.settings.DPOSettings`: the stage is the trainer's settings.
     """
 
     kind: Literal["dpo"] = "dpo"
@@ -76,23 +76,12 @@ class _DPOStage(TrainStage):
             raise ValueError(f"teacher {spec!r} is not a model; give hf:PATH, vllm:PATH or openai:URL[#model]")
         return spec
 
-    def settings(self) -> DPOSettings:
-        """The `DPOSettings` this stage trains with."""
-        return settings_of(self, DPOSettings)
-
     def teacher_sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.teacher_temperature, max_new_tokens=self.teacher_max_new_tokens)
 
-    @model_validator(mode="after")
-    def _settings_are_valid(self) -> _DPOStage:
-        self.settings()
-        return self
 
 
-DPOStageConfig = with_settings_fields("DPOStageConfig", _DPOStage, DPOSettings)
-
-
-def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+def run_dpo_stage(stage: DPOStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
     from turnforge.train.dpo import (
         run_dpo,  # torch and TRL (seconds to import) load when a training stage runs
     )
@@ -107,7 +96,7 @@ def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext
             f"replies, {counts.no_clean_chosen} without a defect-free chosen reply; collect rollouts of a policy that "
             "makes mistakes (policy = \"hf\") or add a pair dataset to `data`"
         )
-    result = run_dpo(start.path, [str(pairs_path)], stage_dir, stage.settings(), adapter=start.adapter)
+    result = run_dpo(start.path, [str(pairs_path)], stage_dir, stage, adapter=start.adapter)
     return {
         **result,
         "pairs_file": ctx.relative(pairs_path),
@@ -126,7 +115,7 @@ def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext
     }
 
 
-def _mine_and_save(stage: _DPOStage, index: int, ctx: RunContext, pairs_path: Path) -> tuple[list[Pair], MiningCounts]:
+def _mine_and_save(stage: DPOStageConfig, index: int, ctx: RunContext, pairs_path: Path) -> tuple[list[Pair], MiningCounts]:
     counts = MiningCounts()
     pairs = stage_pairs(stage, index, ctx, counts)
     tmp = save_pairs(pairs, pairs_path.with_name(PAIRS_FILE + ".tmp.jsonl"))
@@ -134,7 +123,7 @@ def _mine_and_save(stage: _DPOStage, index: int, ctx: RunContext, pairs_path: Pa
     return pairs, counts
 
 
-def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:
+def stage_pairs(stage: DPOStageConfig, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:
     """Mined pairs of the trajectory sources, then the pairs of the pair datasets, in `data` order.
 
     A collect stage's trajectories replay in the env that stage played (its own `env` table, e.g. Iron
@@ -162,7 +151,7 @@ def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCou
     return mined + imported
 
 
-def _teacher_policy(stage: _DPOStage, ctx: RunContext) -> Policy | None:
+def _teacher_policy(stage: DPOStageConfig, ctx: RunContext) -> Policy | None:
     """The stage's teacher as a policy; `hf:tiny` builds the tiny model into the run's models folder."""
     if stage.teacher is None:
         return None
