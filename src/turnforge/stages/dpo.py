@@ -31,7 +31,7 @@ from turnforge.data.dpo_pairs import (
     save_pairs,
 )
 from turnforge.data.sources import holds_trajectories
-from turnforge.envs.base import get_env_spec, make_env, tasks_of
+from turnforge.envs.base import make_env, tasks_of
 from turnforge.models.tiny import resolve_model
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import Policy, SamplingParams
@@ -41,7 +41,7 @@ from turnforge.stages.context import MODELS_DIR, RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
 from turnforge.train.settings import DPOSettings
-from turnforge.types import read_trajectories
+from turnforge.types import Temperature, read_trajectories
 
 PAIRS_FILE = "pairs.jsonl"
 
@@ -66,7 +66,7 @@ class DPOStageConfig(TrainStage, DPOSettings):
     """A model that writes the chosen replies (`hf:PATH`, `vllm:PATH`, `openai:URL#model`; the Iron Guard seed used
     a Qwen3-30B teacher): asked at every mined decision point with the same history, its reply is kept only when
     replaying it in the env shows no defect, else the sibling / expert reply is used. Unset = no teacher."""
-    teacher_temperature: float = Field(default=0.0, ge=0.0)
+    teacher_temperature: Temperature = 0.0
     teacher_max_new_tokens: int = Field(default=256, ge=1)
 
     @field_validator("teacher")
@@ -138,9 +138,8 @@ def stage_pairs(stage: DPOStageConfig, index: int, ctx: RunContext, counts: Mini
             imported += load_pairs(path)
             continue
         collect = ctx.recipe.stage(source) if any(s.id == source for s in ctx.recipe.stages) else None
-        env_name, raw_options = ctx.recipe.stage_env(collect) if collect is not None else (
+        env_name, options = ctx.recipe.stage_env(collect) if collect is not None else (
             ctx.recipe.env.name, ctx.recipe.env_options())
-        options = get_env_spec(env_name).coerce_options(raw_options)
         trajectories = read_trajectories(path)
         tasks = tasks_of(trajectories, env_name, **options)
         env_factory = partial(make_env, env_name, **options)
