@@ -132,7 +132,7 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
     """Sample the episodes (resumable), keep the good ones in kept.jsonl: (summary, sampled, kept, yield report)."""
     task_ids, report_greedy = None, {}
     if stage.aim == "greedy_failures":
-        greedy = stage.model_copy(update={"temperature": 0.0, "top_p": 1.0, "top_k": 0, "samples": 1})
+        greedy = stage.model_copy(update={"temperature": 0.0, "top_p": 1.0, "top_k": 0, "explore": 1.0, "samples": 1})
         screen = run_rollouts(greedy, index, stage_dir / GREEDY_DIR, ctx)
         played = read_episodes(stage_dir / GREEDY_DIR / EPISODES_FILE)
         task_ids, replay = aim_at_failures(played, stage.replay, stage.seed)
