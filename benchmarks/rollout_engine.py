@@ -28,7 +28,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from turnforge.envs.base import load_tasks, make_env
+from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.envs.household import HouseholdEnv
 from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
 from turnforge.policies.base import Policy, Prompt, SamplingParams
@@ -104,7 +104,7 @@ class OwnerHousehold(HouseholdEnv):
     roles = ("user",)
 
     def __init__(self, direct_user: Policy | None = None, user_params: SamplingParams | None = None, **options):
-        super().__init__(**options)
+        super().__init__(**get_env_spec("household").resolve(options))  # as make_env builds it
         self.direct_user, self.user_params = direct_user, user_params
         self.clients: dict = {}
 

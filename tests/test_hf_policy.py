@@ -137,7 +137,7 @@ def test_sampling_is_seeded_per_reply_whatever_shares_its_batch(tiny_model_dir, 
     assert [g.ids for g in again.generate(prompts, params)] == first  # a repeated call: the same draws
     resampled = [dataclasses.replace(p, sample=1) for p in prompts]
     assert [g.ids for g in again.generate(resampled, params)] != first
-    assert [g.ids for g in again.generate(prompts, dataclasses.replace(params, seed=6))] != first
+    assert [g.ids for g in again.generate(prompts, params.replace(seed=6))] != first
 
 
 def test_explores_draws_its_share_of_replies_from_the_episode_and_turn(tasks):
@@ -149,7 +149,7 @@ def test_explores_draws_its_share_of_replies_from_the_episode_and_turn(tasks):
         assert abs(sum(drawn) / len(drawn) - share) < 0.03  # 3,600 draws: a standard error of 0.7 points
         assert drawn == [explores(params, p) for p in prompts]
     params = SamplingParams(temperature=1.0, explore=0.25)
-    assert [explores(params, p) for p in prompts] != [explores(dataclasses.replace(params, seed=1), p) for p in prompts]
+    assert [explores(params, p) for p in prompts] != [explores(params.replace(seed=1), p) for p in prompts]
     assert not explores(SamplingParams(temperature=0.0), prompts[0])  # greedy decoding never samples
 
 
@@ -160,7 +160,7 @@ def test_replies_not_explored_are_the_greedy_ones_with_their_logprobs(policy, ta
     greedy = policy.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
     params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3, explore=0.5)
     mixed = policy.generate(prompts, params)
-    sampled = policy.generate(prompts, dataclasses.replace(params, explore=1.0))
+    sampled = policy.generate(prompts, params.replace(explore=1.0))
     chosen = [explores(params, p) for p in prompts]
     assert 0 < sum(chosen) < len(chosen)
     for gen, g, s, explored in zip(mixed, greedy, sampled, chosen, strict=True):
@@ -169,7 +169,7 @@ def test_replies_not_explored_are_the_greedy_ones_with_their_logprobs(policy, ta
         assert gen.logprobs == pytest.approx(want.logprobs, abs=1e-5)
     assert any(s.ids != g.ids for s, g in zip(sampled, greedy, strict=True))  # the untrained model samples other replies
     with pytest.raises(ValueError, match="explore"):
-        policy.generate(prompts[:1], dataclasses.replace(params, explore=1.5))
+        policy.generate(prompts[:1], params.replace(explore=1.5))
 
 
 def test_make_policy_hf_and_bad_params(tiny_model_dir, policy, tasks):

@@ -223,7 +223,7 @@ def test_sft_stage_fields_are_the_sft_settings(tmp_path):
     text += '\n[[stages]]\nkind = "eval"\nname = "sft"\nmodel = "sft"\n'
     recipe = load_recipe(_write(tmp_path, text))
     stage = recipe.stages[3]
-    settings = stage.settings()
+    settings = stage  # the stage is its trainer's settings
     assert isinstance(settings, sft.SFTSettings) and settings.max_steps == 3 and settings.window == 2
     assert settings.lora == models.LoraSpec(r=4)
     assert recipe.stages[4].window == 2  # an hf eval of an sft model uses the window it was trained with
@@ -238,7 +238,7 @@ def test_model_lora_is_the_default_of_sft_stages(tmp_path):
     text = '[model]\nname = "tiny"\n[model.lora]\nr = 8\n' + SCRIPTED.split("\n", 1)[1]
     text += '\n[[stages]]\nkind = "sft"\ndata = ["collect"]\n'
     recipe = load_recipe(_write(tmp_path, text))
-    assert recipe.stages[3].settings().lora.r == 8
+    assert recipe.stages[3].lora.r == 8
 
 
 def test_the_packaged_recipes_parse():
@@ -253,7 +253,7 @@ def test_the_packaged_recipes_parse():
         quick.stages[2].window == quick.stages[3].window == quick.stages[1].window
     )  # base and sft: same prompts
     alf = load_recipe("alfworld_sft")
-    lora = alf.stages[1].settings().lora
+    lora = alf.stages[1].lora
     assert alf.model.name == "Qwen/Qwen3-4B-Instruct-2507" and (lora.r, lora.alpha, lora.dropout) == (
         64,
         128,
@@ -267,7 +267,7 @@ def test_a_trl_table_passes_trls_own_fields_through(tmp_path):
     from turnforge.train.sft import sft_config
 
     text = SCRIPTED + '\n[[stages]]\nkind = "sft"\ndata = ["collect"]\ntrl = { max_grad_norm = 0.5, optim = "adamw_torch" }\n'
-    settings = load_recipe(_write(tmp_path, text)).stages[3].settings()
+    settings = load_recipe(_write(tmp_path, text)).stages[3]
     assert settings.trl == {"max_grad_norm": 0.5, "optim": "adamw_torch"}
     config = sft_config(tmp_path / "out", settings)
     assert config.max_grad_norm == 0.5 and config.optim == "adamw_torch" and config.completion_only_loss

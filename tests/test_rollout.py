@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from turnforge.envs.base import load_tasks, make_env
+from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.envs.household import TASK_TYPES, HouseholdEnv
 from turnforge.policies import PolicySpec, make_policy
 from turnforge.policies.base import Generation, Prompt, SamplingParams
@@ -23,6 +23,10 @@ def tasks():
 
 def household() -> HouseholdEnv:
     return make_env("household")
+
+
+HOUSEHOLD_DEFAULTS = get_env_spec("household").defaults()
+"""What make_env gives the household env unasked: the subclasses below are built directly."""
 
 
 def _outcome(traj: Trajectory) -> dict:
@@ -63,7 +67,7 @@ class ExplodingHousehold(HouseholdEnv):
     """The real household env, except that `step` raises on the 3rd turn of the tasks in `explode`."""
 
     def __init__(self, explode: set[str]):
-        super().__init__()
+        super().__init__(**HOUSEHOLD_DEFAULTS)
         self.explode = explode
 
     def reset(self, task):
@@ -334,6 +338,9 @@ def test_limits_reject_values_that_would_stall_or_mean_nothing(bad):
 
 class PlannerlessHousehold(HouseholdEnv):
     """The real household env whose expert fails on one task (as a planner bug would)."""
+
+    def __init__(self):
+        super().__init__(**HOUSEHOLD_DEFAULTS)
 
     def expert_reply(self):
         if self.task.id == "test-00002":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from turnforge.envs.base import UsesRoles, load_tasks, make_env
+from turnforge.envs.base import UsesRoles, get_env_spec, load_tasks, make_env
 from turnforge.envs.household import HouseholdEnv
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.queue import Role, RoleStats
@@ -68,13 +68,17 @@ def test_greedy_and_seeded_hf_episodes_equal_the_lockstep_loop(tiny_model_dir, t
             assert a.messages == b.messages
 
 
+HOUSEHOLD_DEFAULTS = get_env_spec("household").defaults()
+"""What make_env gives the household env unasked: the subclasses below are built directly."""
+
+
 class WaitsForAnother(HouseholdEnv):
     """Task `waiter`'s first step blocks until task `other` has finished: a lock-step loop would never end."""
 
     blocks = True  # it says its steps may wait, so the rollout runs them in worker threads
 
     def __init__(self, waiter: str, released: threading.Event):
-        super().__init__()
+        super().__init__(**HOUSEHOLD_DEFAULTS)
         self.waiter, self.released = waiter, released
 
     def step(self, reply):
@@ -118,6 +122,9 @@ class OwnerHousehold(HouseholdEnv):
 
     roles = ("user",)
 
+    def __init__(self):
+        super().__init__(**HOUSEHOLD_DEFAULTS)
+
     def use_roles(self, clients):
         self.user = clients["user"]
 
@@ -157,7 +164,7 @@ class CountingHousehold(HouseholdEnv):
     made: list = []
 
     def __init__(self, explode: str | None = None):
-        super().__init__()
+        super().__init__(**HOUSEHOLD_DEFAULTS)
         self.explode, self.closed = explode, 0
         CountingHousehold.made.append(self)
 

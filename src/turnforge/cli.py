@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.padding import Padding
 from rich.text import Text
@@ -47,6 +48,7 @@ from turnforge.rollout import RolloutLimits
 from turnforge.rollouts_file import EnvErrors, run_eval
 from turnforge.rundir import check_out_dir, check_out_parents
 from turnforge.scale import ScaleConfig
+from turnforge.stages.eval import EvalStage
 
 # Help is plain text (rich_markup_mode=None): with rich markup, "turnforge[ray]" or "the recipe's [scale]" lost
 # their brackets as style tags ("Needs turnforge.", "the recipe's )."), and no help string here uses markup.
@@ -109,6 +111,9 @@ def _user_errors(command: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
+        except ValidationError as e:  # a typed settings object (the sampling group) refused values: one line
+            typer.echo(f"error: {one_line(e)}", err=True)
+            raise typer.Exit(USAGE_ERROR) from None
         except (ValueError, NotImplementedError, FileNotFoundError, BackendNotInstalled) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(USAGE_ERROR) from None
@@ -119,6 +124,22 @@ def _user_errors(command: Callable) -> Callable:
             raise typer.Exit(INTERRUPTED) from None
 
     return wrapper
+
+
+def one_line(error: ValidationError) -> str:
+    """pydantic's report of a settings object (several lines) as one: `what: key: problem (got value); ...`."""
+    problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')} (got {e['input']!r})"
+                for e in error.errors()]
+    return f"{error.title}: " + "; ".join(problems)
+
+
+def _sampling(name: str) -> Any:
+    """The option of the sampling field `name`: its help is the field's own (`SamplingParams`)."""
+    return typer.Option(help=SamplingParams.model_fields[name].description)
+
+
+SAMPLING = SamplingParams()
+"""The sampling group's defaults; `turnforge eval`'s options start from them (its temperature: an eval stage's)."""
 
 
 def parse_env_options(pairs: list[str]) -> dict[str, str]:
@@ -186,16 +207,16 @@ def eval_command(
     split: Annotated[str, typer.Option(help="Task split.")] = "test",
     tasks: Annotated[int | None, typer.Option(help="First N tasks of the split (default: all).")] = None,
     samples: Annotated[int, typer.Option(help="Episodes per task (for pass@k / pass^k).")] = 1,
-    seed: Annotated[int, typer.Option(help="Seed for sampling and the random policy.")] = 0,
+    seed: Annotated[int, _sampling("seed")] = SAMPLING.seed,
     max_turns: Annotated[
         int | None, typer.Option(help="Turn limit per episode (default: the env's).")
     ] = None,
     limit_open: Annotated[int, typer.Option(help="Episodes open at once (the generate batch).")] = 64,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling: keep the smallest set of tokens of this mass.")] = 1.0,
-    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens; 0 = off.")] = 0,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per assistant turn at most.")] = 256,
-    stop: Annotated[list[str] | None, typer.Option(help="A stop string (the reply ends after it); repeatable.")] = None,
+    temperature: Annotated[float, _sampling("temperature")] = EvalStage.model_fields["temperature"].default,
+    top_p: Annotated[float, _sampling("top_p")] = SAMPLING.top_p,
+    top_k: Annotated[int, _sampling("top_k")] = SAMPLING.top_k,
+    max_new_tokens: Annotated[int, _sampling("max_new_tokens")] = SAMPLING.max_new_tokens,
+    stop: Annotated[list[str] | None, _sampling("stop")] = None,
     concurrency: Annotated[
         int, typer.Option(help="Requests in flight at once, for server policies (openai:URL).")
     ] = 8,

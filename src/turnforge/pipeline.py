@@ -151,7 +151,7 @@ def plan_stages(recipe: Recipe, out: Path) -> list[StagePlan]:
 def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str, Any]:
     """What a stage's results depend on: its config, the env (rollouts), the model and data it reads."""
     stage = recipe.stages[index]
-    inputs: dict[str, Any] = {"stage": stage.model_dump(mode="json", exclude=set(stage.NOT_IN_HASH))}
+    inputs: dict[str, Any] = {"stage": stage.hash_inputs()}
     if isinstance(stage, PlaysEnv):
         name, options = recipe.stage_env(stage)
         inputs["env"] = {"name": name, "options": options}

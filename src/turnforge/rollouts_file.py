@@ -14,7 +14,6 @@ summary covers every episode of the selected tasks. A different run is refused, 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -114,7 +113,7 @@ def run_eval(
         **({"task_ids": sorted(task_ids)} if task_ids is not None else {}),
         # Only the limits that change results; batch size and env workers do not.
         "limits": {k: getattr(limits, k) for k in ("max_turns", "max_format_errors", "max_total_tokens")},
-        "sampling": dataclasses.asdict(params),
+        "sampling": params.model_dump(),
         "policy_options": {k: v for k, v in policy_options.items() if k not in _NOT_IN_IDENTITY},
     }
     check_same_run(out, identity)  # bad input and a foreign out dir fail before a model loads and the tasks are built
@@ -190,7 +189,7 @@ def run_eval(
             policy=policy_spec,
             samples_per_task=samples,
             wall_s=wall_before + time.perf_counter() - started,  # the run's, across resumes
-            sampling=dataclasses.asdict(params),
+            sampling=params.model_dump(),
             wall_s_invocation=time.perf_counter() - started,
         )
         wall_file.write_text(f"{summary['wall_s']:.3f}\n", encoding="utf-8")
@@ -255,7 +254,7 @@ def check_same_run(out: Path, identity: dict[str, Any]) -> None:
         return
     before = json.loads(run_file.read_text(encoding="utf-8"))
     if isinstance(before.get("sampling"), dict):  # a run.json from before a sampling field existed held its default
-        before["sampling"] = dataclasses.asdict(SamplingParams()) | before["sampling"]
+        before["sampling"] = SamplingParams().model_dump() | before["sampling"]
     now = json.loads(json.dumps(identity))  # compare in JSON types (tuples -> lists)
     if before != now:
         diffs = [

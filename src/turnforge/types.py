@@ -14,7 +14,9 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TRAJECTORY_KEYS = frozenset({"task_id", "turns", "score", "stop_reason"})
 """The keys that mark a JSON record as a Trajectory (`Trajectory.to_dict`); a conversational record has `messages`."""
@@ -278,36 +280,49 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
 # Here, not in policies/, so that envs reach their model roles without importing policies (design §3).
 
 
-@dataclass
-class SamplingParams:
-    """Generation settings shared by every backend (scripted policies ignore most of them)."""
+Temperature = Annotated[float, Field(ge=0.0)]
+"""A sampling temperature's type and rule (0 = greedy): a stage that changes only its default keeps the rule."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    stop: list[str] = field(default_factory=list)
+
+class SamplingParams(BaseModel):
+    """How a reply is sampled: the one sampling group. Every backend takes it (scripted policies ignore most of
+    it); rollout stages and GRPO's settings derive from it (their recipe keys are its fields), `turnforge eval`'s
+    options take their defaults and checks from it, and `turnforge serve` turns each request into one.
+
+    Checked where it is made, so a bad value fails before any model loads; in a recipe, at its key."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    temperature: Temperature = 1.0
+    """Sampling temperature; 0 = greedy."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens of this probability mass; 1 = off."""
+    top_k: int = Field(default=0, ge=0)
+    """Sample from the k most likely tokens only; 0 = off."""
+    max_new_tokens: int = Field(default=256, ge=1)
+    """Tokens per assistant turn at most."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end a reply (kept in its text), besides the model's end-of-turn token."""
     seed: int = 0
-    explore: float = 1.0
+    """Seed of the sampling (and of the random policy)."""
+    explore: float = Field(default=1.0, ge=0.0, le=1.0)
     """The share of replies sampled; the others are the greedy reply (argmax), chosen per reply by `explores`.
     1 = every reply sampled (the usual); below 1, episodes play greedily and leave it at a few turns, so a
     group's outcomes differ by what those turns did (RL aimed at the greedy policy that is evaluated)."""
 
-    def __post_init__(self) -> None:
-        # Checked here, where every backend's settings are made, so a bad value fails before any model loads.
-        problems = [
-            f"{name} {rule}, got {getattr(self, name)!r}"
-            for name, ok, rule in (
-                ("temperature", self.temperature >= 0, "must be at least 0 (0 = greedy)"),
-                ("top_p", 0 < self.top_p <= 1, "must be in (0, 1] (1 = off)"),
-                ("top_k", self.top_k >= 0, "must be at least 0 (0 = off)"),
-                ("max_new_tokens", self.max_new_tokens >= 1, "must be at least 1"),
-                ("explore", 0 <= self.explore <= 1, "must be in [0, 1]"),
-            )
-            if not ok
-        ]
-        if problems:
-            raise ValueError("sampling: " + "; ".join(problems))
+    @model_validator(mode="after")
+    def _explore_needs_sampling(self) -> SamplingParams:
+        if self.explore < 1 and self.temperature == 0:
+            raise ValueError(f"explore={self.explore} samples some replies: it needs a temperature above 0")
+        return self
+
+    def sampling(self) -> SamplingParams:
+        """The sampling group alone, of this object or of one deriving from it (a rollout stage, GRPO's settings)."""
+        return SamplingParams(**{name: getattr(self, name) for name in SamplingParams.model_fields})
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        """A copy with `changes`, checked as a new one is (pydantic's `model_copy` would not check them)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
 
 
 @dataclass

@@ -149,7 +149,7 @@ class EnvSpec:
     sample): the tiny tokenizer built for a recipe takes these from the recipe, the others at their defaults."""
 
     def coerce_options(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """Validate `--env-opt` values (strings from the CLI or typed values from code)."""
+        """Validate `--env-opt` values (strings from the CLI, TOML values from a recipe, typed values from code)."""
         known = {o.name: o for o in self.options}
         out: dict[str, Any] = {}
         for key, value in raw.items():
@@ -160,9 +160,20 @@ class EnvSpec:
             out[key] = _coerce(known[key], value, self.name)
         return out
 
+    def defaults(self) -> dict[str, Any]:
+        """Every option at its default: an env family states each default once, in its `EnvOption`."""
+        return {option.name: option.default for option in self.options}
+
+    def resolve(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The options an env (or its tasks) is made with: every default, `raw` (checked and typed) on top."""
+        return self.defaults() | self.coerce_options(raw)
+
 
 def _coerce(opt: EnvOption, value: Any, env: str) -> Any:
     where = f"env {env!r} option {opt.name!r}"
+    if not isinstance(value, opt.type) or (isinstance(value, bool) and opt.type is not bool):
+        # A value of another type is read as its text, as `--env-opt` reads it (TOML grammar = 0.4 -> "0.4").
+        value = str(value).lower() if isinstance(value, bool) else str(value)
     if isinstance(value, str) and opt.type is not str:
         text = value.strip().lower()
         try:
@@ -225,7 +236,7 @@ def list_envs() -> list[EnvSpec]:
 def make_env(name: str, **options: Any) -> Env:
     """Build env `name` with validated options (e.g. `make_env("household", grammar="0.4", hints=True)`)."""
     spec = get_env_spec(name)
-    return spec.factory(**spec.coerce_options(options))
+    return spec.factory(**spec.resolve(options))
 
 
 def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) -> list[Task]:
@@ -234,7 +245,7 @@ def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) 
     spec = _spec_with_split(name, split)
     if limit is not None and limit < 1:
         raise ValueError(f"the number of tasks must be at least 1, got {limit}")
-    options = spec.coerce_options(options)
+    options = spec.resolve(options)
     known = _known_size(spec, split, options)
     if limit is not None and known is not None and limit > known:
         raise ValueError(_beyond_split(name, split, known, limit))
@@ -247,16 +258,15 @@ def load_tasks(name: str, split: str, limit: int | None = None, **options: Any) 
 def split_size(name: str, split: str, **options: Any) -> int:
     """How many tasks env `name`'s `split` has (built and counted only when the env cannot tell without)."""
     spec = _spec_with_split(name, split)
-    known = _known_size(spec, split, spec.coerce_options(options))
+    known = _known_size(spec, split, spec.resolve(options))
     return known if known is not None else len(load_tasks(name, split, **options))
 
 
 def _known_size(spec: EnvSpec, split: str, options: dict[str, Any]) -> int | None:
-    """The split's size when the env knows it without building tasks (`EnvSpec.split_size`), read with the
-    options' defaults filled in (an env states each default once, in its `EnvOption`)."""
+    """The split's size when the env knows it without building tasks (`EnvSpec.split_size`; `options` resolved)."""
     if spec.split_size is None:
         return None
-    return spec.split_size(split, {option.name: option.default for option in spec.options} | options)
+    return spec.split_size(split, options)
 
 
 def check_task_count(name: str, split: str, limit: int, **options: Any) -> None:

@@ -7,7 +7,6 @@ passes them to `run_episodes(roles=...)`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from turnforge.envs.base import get_env_spec
@@ -35,5 +34,5 @@ def env_roles(
     for role, (spec, overrides) in model_roles(options, agent_spec).items():
         in_process = isinstance(spec, str) and PolicySpec.parse(spec).kind in ("hf", "vllm")
         policy = make_policy(spec, seed=seed, **(shared if in_process else {})) if isinstance(spec, str) else spec
-        roles[role] = Role(policy, dataclasses.replace(params, **overrides))
+        roles[role] = Role(policy, params.replace(**overrides))
     return roles

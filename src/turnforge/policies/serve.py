@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import secrets
@@ -47,7 +46,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from turnforge.formats.chat_template import encode, render
@@ -85,9 +84,10 @@ class ChatRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none"] | None = None
     n: int = Field(default=1, ge=1, le=64)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)
+    # OpenAI's names for the sampling group; unset, SamplingParams' defaults hold, and its checks apply (_sampling).
+    temperature: float | None = Field(default=None, le=2.0)  # OpenAI's range ends at 2
+    top_p: float | None = None
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's extension: -1 = off, as 0
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
@@ -155,7 +155,7 @@ class _PerRequestSettings:
     def generate(self, prompts: list[_ServedPrompt], _params: SamplingParams) -> list[Generation]:
         groups: dict[tuple, list[int]] = {}
         for i, p in enumerate(prompts):
-            groups.setdefault((p.adapter, json.dumps(dataclasses.asdict(p.params))), []).append(i)
+            groups.setdefault((p.adapter, p.params.model_dump_json()), []).append(i)
         out: list[Generation | None] = [None] * len(prompts)
         for (adapter, _), rows in groups.items():
             with self._adapter(adapter):
@@ -320,13 +320,29 @@ def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
     refusal = context_refusal(len(ids), max_new, served.max_context)
     if refusal is not None:  # as vLLM's server; the openai policy turns it back into the in-process refusal
         raise APIError(400, refusal, "messages", CONTEXT_LENGTH_EXCEEDED)
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    params = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=max(request.top_k, 0),
-                            max_new_tokens=max_new, stop=stop,
-                            # as OpenAI's: the same seed, the same sample; no seed, a fresh one per request
-                            seed=request.seed if request.seed is not None else secrets.randbits(62))
+    params = _sampling(request, max_new)
     keys = [first_key] + [(uuid.uuid4().hex, 0) for _ in range(request.n - 1)]
     return _Job(messages, ids, keys, params, adapter)
+
+
+OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
+"""The request field of a sampling field whose OpenAI name differs (an error names the field the client sent)."""
+
+
+def _sampling(request: ChatRequest, max_new: int) -> SamplingParams:
+    """The request's sampling group; a value SamplingParams refuses is a 400 naming the request's field."""
+    given = request.model_dump(include={"temperature", "top_p"}, exclude_none=True)
+    if request.top_k is not None:
+        given["top_k"] = max(request.top_k, 0)
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    try:
+        # as OpenAI's: the same seed, the same sample; no seed, a fresh one per request
+        return SamplingParams(**given, max_new_tokens=max_new, stop=stop,
+                              seed=request.seed if request.seed is not None else secrets.randbits(62))
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = OPENAI_NAMES.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise APIError(400, f"{param}: {first['msg']}", param) from None
 
 
 async def _answer(served: ServedModel, state: dict[str, Any], request: ChatRequest, job: _Job) -> list[Choice]:

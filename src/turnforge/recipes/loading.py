@@ -163,8 +163,7 @@ def _check_env(recipe: Recipe, report: _Problems) -> None:
     for key, value in recipe.env_options().items():
         loc = ("env", "format") if key == "format" and recipe.env.format else ("env", "options", key)
         try:
-            # Strings, like the CLI's --env-opt: the env coerces and checks them (TOML 0.3 -> "0.3").
-            coerced |= spec.coerce_options({key: value if isinstance(value, str) else _toml_scalar(value)})
+            coerced |= spec.coerce_options({key: value})  # one key at a time: each error at its own line
         except ValueError as e:
             report.add(loc, str(e))
     recipe.env.options = {k: v for k, v in coerced.items() if not (k == "format" and recipe.env.format)}
@@ -176,7 +175,7 @@ def _check_env(recipe: Recipe, report: _Problems) -> None:
             name, options = recipe.stage_env(stage)
             try:
                 stage_spec = get_env_spec(name)
-                stage_spec.coerce_options({k: v if isinstance(v, str) else _toml_scalar(v) for k, v in options.items()})
+                stage_spec.coerce_options(options)
             except ValueError as e:
                 report.add(("stages", i, "env"), str(e))
                 continue
@@ -185,10 +184,6 @@ def _check_env(recipe: Recipe, report: _Problems) -> None:
             report.add(
                 ("stages", i, "split"), f"env {stage_spec.name!r} has no split {stage.split!r}; splits are {splits}"
             )
-
-
-def _toml_scalar(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _check_stages(recipe: Recipe, report: _Problems) -> None:

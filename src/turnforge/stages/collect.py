@@ -32,7 +32,6 @@ class CollectStage(RolloutStage):
     name: str = Field(default="collect", pattern=STAGE_NAME)
     policy: Literal["expert", "random", "hf"] = "expert"
     split: str = "train"
-    temperature: float = Field(default=1.0, ge=0.0)
     noise: float = Field(default=0.0, ge=0.0, lt=1.0)
     """policy expert: the probability per turn of a deliberate mistake (DART), followed by the expert's recovery;
     the mistakes stay in the episodes as context and carry no SFT loss (`policies.scripted.ExpertPolicy`)."""

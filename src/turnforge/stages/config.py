@@ -1,20 +1,19 @@
-"""What every stage's typed config is made of: recipe tables, the bases a stage kind's config derives from,
-and the one way a training stage's fields come from its trainer's settings dataclass.
+"""What every stage's typed config is made of: recipe tables and the bases a stage kind's config derives from.
 
-Every table forbids unknown keys (pydantic `extra="forbid"`), so a typo is an error, not a silent default.
+A stage's settings are declared once, where they are used: a rollout stage derives from the sampling group
+(`turnforge.types.SamplingParams`), a training stage from its trainer's settings (`turnforge.train.settings`,
+e.g. `class SFTStageConfig(TrainStage, SFTSettings)`), and the stage object itself is what the policy or the
+trainer is given. Every table forbids unknown keys (pydantic `extra="forbid"`), so a typo is an error, not a
+silent default.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from turnforge.models.loading import LoraSpec
-from turnforge.policies.base import SamplingParams
-from turnforge.rewards import RewardWeights
+from turnforge.types import SamplingParams
 
 STAGE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # it names folders (stages/NN-<id>, eval/<name>)
 
@@ -32,6 +31,17 @@ class StageConfig(Table):
     name: str = Field(pattern=STAGE_NAME)
     NOT_IN_HASH: ClassVar[frozenset[str]] = frozenset()
     """Fields that do not change a stage's results (changing them on a finished stage is allowed)."""
+    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset()
+    """Fields this kind gained after runs of it were made: at their default they stay out of the stage's hash, so
+    that a run finished before they existed keeps its finished stages (set, they change the hash as any field)."""
+
+    def hash_inputs(self) -> dict[str, Any]:
+        """The config as the stage's input hash sees it (`pipeline.stage_inputs`)."""
+        dump = self.model_dump(mode="json", exclude=set(self.NOT_IN_HASH))
+        for name in self.HASHED_WHEN_SET:
+            if getattr(self, name) == type(self).model_fields[name].get_default(call_default_factory=True):
+                dump.pop(name, None)
+        return dump
 
     @property
     def id(self) -> str:
@@ -50,8 +60,10 @@ class PlaysEnv(Table):
     env: dict[str, Any] = Field(default_factory=dict)
 
 
-class RolloutStage(StageConfig, PlaysEnv):
-    """Episodes of a policy on a split (collect, eval and rft's sampling share these fields)."""
+class RolloutStage(StageConfig, PlaysEnv, SamplingParams):
+    """Episodes of a policy on a split (collect, eval and rft's sampling share these fields); the sampling group
+    (temperature, top_p, top_k, max_new_tokens, stop, seed, explore) is `SamplingParams`'s, and `sampling()` is
+    what the policy gets."""
 
     policy: Literal["expert", "random", "hf"]
     """expert / random: scripted, no model; hf: the model named by `model`, with transformers."""
@@ -62,15 +74,6 @@ class RolloutStage(StageConfig, PlaysEnv):
     """The first N tasks of the split (stable order); unset = the whole split."""
     samples: int = Field(default=1, ge=1)
     """Episodes per task (pass@k / pass^k use them)."""
-    seed: int = 0
-    temperature: float = Field(ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    """Sample from the k most likely tokens only; 0 = off."""
-    max_new_tokens: int = Field(default=256, ge=1)
-    """Tokens per assistant turn."""
-    stop: list[str] = Field(default_factory=list)
-    """Strings that end a reply (kept in its text), besides the model's end-of-turn token."""
     max_turns: int | None = Field(default=None, ge=1)
     """Assistant turns per episode; unset = the env's own limit."""
     window: int | None = Field(default=None, ge=1)
@@ -82,12 +85,7 @@ class RolloutStage(StageConfig, PlaysEnv):
     """Env options on top of the recipe's [env.options] for this stage; with `name`, another env altogether
     (its options are then this table's alone), e.g. `env = { name = "sql", generate = 200 }`."""
     NOT_IN_HASH: ClassVar[frozenset[str]] = frozenset({"batch_size"})
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, max_new_tokens=self.max_new_tokens,
-            stop=list(self.stop), seed=self.seed,
-        )
+    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"explore"})
 
 
 class TrainStage(StageConfig):
@@ -98,31 +96,3 @@ class TrainStage(StageConfig):
 
     model: str = "latest"
     """The model to train: "base", "latest" (the last training stage before this one, else base) or a stage."""
-
-
-def with_settings_fields(name: str, base: type[BaseModel], settings_cls: type) -> type[Any]:
-    """`base` + every field of the dataclass `settings_cls`, with its type and default (one source of truth).
-
-    A `trl` field (TRL options passed through) is checked against the TRL config class's own fields, so an
-    unknown key is an error at that key (`stages.sft.trl: unknown field(s) of TRL's SFTConfig ...`)."""
-    hints = typing.get_type_hints(settings_cls, localns={"LoraSpec": LoraSpec, "RewardWeights": RewardWeights})
-    fields: dict[str, Any] = {}
-    for f in dataclasses.fields(settings_cls):
-        if f.default is not dataclasses.MISSING:
-            fields[f.name] = (hints[f.name], f.default)
-        else:
-            fields[f.name] = (hints[f.name], Field(default_factory=f.default_factory))
-    validators = {}
-    if "trl" in fields:
-
-        def trl_fields_exist(cls: type, value: dict[str, Any]) -> dict[str, Any]:
-            settings_cls(trl=value).check_trl()
-            return value
-
-        validators["_trl_fields_exist"] = field_validator("trl")(trl_fields_exist)
-    return create_model(name, __base__=base, __doc__=base.__doc__, __validators__=validators, **fields)
-
-
-def settings_of(config: BaseModel, settings_cls: type, **overrides: Any) -> Any:
-    """The `settings_cls` dataclass holding `config`'s values of its fields (and `overrides`)."""
-    return settings_cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(settings_cls)} | overrides)

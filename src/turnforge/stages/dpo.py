@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from turnforge.data.dpo_pairs import (
     MiningCounts,
@@ -31,25 +31,25 @@ from turnforge.data.dpo_pairs import (
     save_pairs,
 )
 from turnforge.data.sources import holds_trajectories
-from turnforge.envs.base import get_env_spec, make_env, tasks_of
+from turnforge.envs.base import make_env, tasks_of
 from turnforge.launch import main_process_result
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import Policy, SamplingParams
-from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
+from turnforge.stages.config import STAGE_NAME, TrainStage
 from turnforge.stages.context import MODELS_DIR, RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
 from turnforge.tiny_model import resolve_model
 from turnforge.train.settings import DPOSettings
-from turnforge.types import read_trajectories
+from turnforge.types import Temperature, read_trajectories
 
 PAIRS_FILE = "pairs.jsonl"
 
 
-class _DPOStage(TrainStage):
+class DPOStageConfig(TrainStage, DPOSettings):
     """`kind = "dpo"`: round-wise DPO on pairs mined from earlier collect stages and/or pair datasets.
 
-    The training fields are those of `turnforge.train.settings.DPOSettings`.
+    The training fields are those of `turnforge.train.settings.DPOSettings`: the stage is the trainer's settings.
     """
 
     kind: Literal["dpo"] = "dpo"
@@ -66,7 +66,7 @@ class _DPOStage(TrainStage):
     """A model that writes the chosen replies (`hf:PATH`, `vllm:PATH`, `openai:URL#model`; the Iron Guard seed used
     a Qwen3-30B teacher): asked at every mined decision point with the same history, its reply is kept only when
     replaying it in the env shows no defect, else the sibling / expert reply is used. Unset = no teacher."""
-    teacher_temperature: float = Field(default=0.0, ge=0.0)
+    teacher_temperature: Temperature = 0.0
     teacher_max_new_tokens: int = Field(default=256, ge=1)
 
     @field_validator("teacher")
@@ -76,23 +76,12 @@ class _DPOStage(TrainStage):
             raise ValueError(f"teacher {spec!r} is not a model; give hf:PATH, vllm:PATH or openai:URL[#model]")
         return spec
 
-    def settings(self) -> DPOSettings:
-        """The `DPOSettings` this stage trains with."""
-        return settings_of(self, DPOSettings)
-
     def teacher_sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.teacher_temperature, max_new_tokens=self.teacher_max_new_tokens)
 
-    @model_validator(mode="after")
-    def _settings_are_valid(self) -> _DPOStage:
-        self.settings()
-        return self
 
 
-DPOStageConfig = with_settings_fields("DPOStageConfig", _DPOStage, DPOSettings)
-
-
-def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+def run_dpo_stage(stage: DPOStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
     from turnforge.train.dpo import (
         run_dpo,  # torch and TRL (seconds to import) load when a training stage runs
     )
@@ -107,7 +96,7 @@ def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext
             f"replies, {counts.no_clean_chosen} without a defect-free chosen reply; collect rollouts of a policy that "
             "makes mistakes (policy = \"hf\") or add a pair dataset to `data`"
         )
-    result = run_dpo(start.path, [str(pairs_path)], stage_dir, stage.settings(), adapter=start.adapter)
+    result = run_dpo(start.path, [str(pairs_path)], stage_dir, stage, adapter=start.adapter)
     return {
         **result,
         "pairs_file": ctx.relative(pairs_path),
@@ -126,7 +115,7 @@ def run_dpo_stage(stage: _DPOStage, index: int, stage_dir: Path, ctx: RunContext
     }
 
 
-def _mine_and_save(stage: _DPOStage, index: int, ctx: RunContext, pairs_path: Path) -> tuple[list[Pair], MiningCounts]:
+def _mine_and_save(stage: DPOStageConfig, index: int, ctx: RunContext, pairs_path: Path) -> tuple[list[Pair], MiningCounts]:
     counts = MiningCounts()
     pairs = stage_pairs(stage, index, ctx, counts)
     tmp = save_pairs(pairs, pairs_path.with_name(PAIRS_FILE + ".tmp.jsonl"))
@@ -134,7 +123,7 @@ def _mine_and_save(stage: _DPOStage, index: int, ctx: RunContext, pairs_path: Pa
     return pairs, counts
 
 
-def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:
+def stage_pairs(stage: DPOStageConfig, index: int, ctx: RunContext, counts: MiningCounts) -> list[Pair]:
     """Mined pairs of the trajectory sources, then the pairs of the pair datasets, in `data` order.
 
     A collect stage's trajectories replay in the env that stage played (its own `env` table, e.g. Iron
@@ -149,9 +138,8 @@ def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCou
             imported += load_pairs(path)
             continue
         collect = ctx.recipe.stage(source) if any(s.id == source for s in ctx.recipe.stages) else None
-        env_name, raw_options = ctx.recipe.stage_env(collect) if collect is not None else (
+        env_name, options = ctx.recipe.stage_env(collect) if collect is not None else (
             ctx.recipe.env.name, ctx.recipe.env_options())
-        options = get_env_spec(env_name).coerce_options(raw_options)
         trajectories = read_trajectories(path)
         tasks = tasks_of(trajectories, env_name, **options)
         env_factory = partial(make_env, env_name, **options)
@@ -162,7 +150,7 @@ def stage_pairs(stage: _DPOStage, index: int, ctx: RunContext, counts: MiningCou
     return mined + imported
 
 
-def _teacher_policy(stage: _DPOStage, ctx: RunContext) -> Policy | None:
+def _teacher_policy(stage: DPOStageConfig, ctx: RunContext) -> Policy | None:
     """The stage's teacher as a policy; `hf:tiny` builds the tiny model into the run's models folder."""
     if stage.teacher is None:
         return None

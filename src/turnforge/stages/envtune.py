@@ -20,13 +20,14 @@ A killed envtune stage resumes at the first phase without its `model/` folder.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from turnforge.envs.base import get_env_spec
-from turnforge.stages.config import STAGE_NAME, Table, with_settings_fields
+from turnforge.stages.config import STAGE_NAME, Table
 from turnforge.stages.context import RunContext
 from turnforge.stages.grpo import GRPOStageBase, rl_outputs, select_tasks
 from turnforge.stages.registry import register_stage
@@ -49,7 +50,7 @@ class EnvTunePhase(Table):
     learning_rate: float | None = None
 
 
-class _EnvTuneStage(GRPOStageBase):
+class EnvTuneStageConfig(GRPOStageBase):
     """`kind = "envtune"`: Environment Tuning (arXiv 2510.10197): GRPO through `phases` in order, each with
     its task filter, env options (hints), reward weights and length; the last phase runs without hints."""
 
@@ -68,10 +69,7 @@ class _EnvTuneStage(GRPOStageBase):
         return phases
 
 
-EnvTuneStageConfig = with_settings_fields("EnvTuneStageConfig", _EnvTuneStage, GRPOSettings)
-
-
-def run_envtune_stage(stage: _EnvTuneStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+def run_envtune_stage(stage: EnvTuneStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
     from turnforge.train.curriculum import run_curriculum  # torch and TRL (seconds to import): when it runs
 
     start = ctx.model(ctx.recipe.model_source(index))
@@ -82,7 +80,7 @@ def run_envtune_stage(stage: _EnvTuneStage, index: int, stage_dir: Path, ctx: Ru
     return {"phases": results, **rl_outputs(stage_dir, ctx)}
 
 
-def curriculum_phase(stage: _EnvTuneStage, phase: EnvTunePhase, env: str, stage_options: dict[str, Any], last: bool):
+def curriculum_phase(stage: EnvTuneStageConfig, phase: EnvTunePhase, env: str, stage_options: dict[str, Any], last: bool):
     """A `turnforge.train.curriculum.Phase`: the stage's settings, filter and env options with the phase's on top."""
     from turnforge.train.curriculum import Phase  # with the training stack, as in run_envtune_stage
 
@@ -93,10 +91,17 @@ def curriculum_phase(stage: _EnvTuneStage, phase: EnvTunePhase, env: str, stage_
     tasks = select_tasks(
         env, options, stage.split, phase.tasks or stage.tasks, categories, phase.difficulty or stage.difficulty
     )
-    overrides: dict[str, Any] = {"steps": phase.steps, "rewards": dict(phase.rewards), "merge": True}
+    overrides: dict[str, Any] = {"steps": phase.steps, "merge": True,
+                                 "rewards": dataclasses.asdict(stage.rewards) | phase.rewards}
     if phase.learning_rate is not None:
         overrides["learning_rate"] = phase.learning_rate
-    return Phase(phase.name, tasks, options, stage.settings(**overrides))
+    return Phase(phase.name, tasks, options, phase_settings(stage, overrides))
+
+
+def phase_settings(stage: EnvTuneStageConfig, overrides: dict[str, Any]) -> GRPOSettings:
+    """The stage's GRPO settings with a phase's `overrides`, checked as the stage's are."""
+    fields = set(GRPOSettings.model_fields)
+    return GRPOSettings.model_validate({name: getattr(stage, name) for name in fields} | overrides)
 
 
 register_stage(EnvTuneStageConfig, run_envtune_stage)

@@ -22,6 +22,7 @@ from turnforge.rundir import SUMMARY_FILE
 from turnforge.stages.config import STAGE_NAME, RolloutStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.registry import register_stage
+from turnforge.types import Temperature
 
 EVAL_DIR = "eval"
 
@@ -33,7 +34,8 @@ class EvalStage(RolloutStage):
     name: str = Field(default="eval", pattern=STAGE_NAME)
     policy: Literal["expert", "random", "hf"] = "hf"
     split: str = "test"
-    temperature: float = Field(default=0.0, ge=0.0)
+    temperature: Temperature = 0.0
+    """Sampling temperature; 0 = greedy (an evaluation plays the greedy policy unless told otherwise)."""
 
 
 def run_eval_stage(stage: EvalStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:

@@ -10,20 +10,19 @@
     [stages.rewards]
     progress = 0.5
 
-The config's training fields are `turnforge.train.settings.GRPOSettings`'s; the task filter (`TaskFilter`) is
-shared with `envtune`.
+The config is a `turnforge.train.settings.GRPOSettings` (it derives from it) with a task filter (`TaskFilter`,
+shared with `envtune`), and is what the trainer gets.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from turnforge.envs.base import load_tasks
-from turnforge.stages.config import STAGE_NAME, PlaysEnv, TrainStage, with_settings_fields
+from turnforge.stages.config import STAGE_NAME, PlaysEnv, TrainStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.train.settings import METRICS_FILE, MODEL_DIR, ROLLOUTS_FILE, GRPOSettings
@@ -44,29 +43,17 @@ class TaskFilter(PlaysEnv):
     """Env options that override the recipe's [env.options] for this stage's rollouts (e.g. hints = true)."""
 
 
-class GRPOStageBase(TrainStage, TaskFilter):
-    """Fields shared by grpo and envtune; the rest are `turnforge.train.settings.GRPOSettings`'s."""
+class GRPOStageBase(TrainStage, TaskFilter, GRPOSettings):
+    """What grpo and envtune share: a task filter and `turnforge.train.settings.GRPOSettings`'s fields."""
 
-    def settings(self, **overrides: Any) -> GRPOSettings:
-        """The `GRPOSettings` of this stage; `rewards` in `overrides` update the stage's weights."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(GRPOSettings)}
-        values["rewards"] = dataclasses.asdict(values["rewards"]) | overrides.pop("rewards", {})
-        return GRPOSettings(**(values | overrides))
-
-    @model_validator(mode="after")
-    def _settings_are_valid(self) -> GRPOStageBase:
-        self.settings()
-        return self
+    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"stop"})
 
 
-class _GRPOStage(GRPOStageBase):
+class GRPOStageConfig(GRPOStageBase):
     """`kind = "grpo"`: multi-turn GRPO on TRL (`turnforge.train.grpo`)."""
 
     kind: Literal["grpo"] = "grpo"
     name: str = Field(default="grpo", pattern=STAGE_NAME)
-
-
-GRPOStageConfig = with_settings_fields("GRPOStageConfig", _GRPOStage, GRPOSettings)
 
 
 def select_tasks(
@@ -91,7 +78,7 @@ def select_tasks(
     return tasks[:limit] if limit is not None else tasks
 
 
-def run_grpo_stage(stage: _GRPOStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+def run_grpo_stage(stage: GRPOStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
     from turnforge.train.grpo import (
         run_grpo,  # torch and TRL (seconds to import) load when a training stage runs
     )
@@ -99,7 +86,7 @@ def run_grpo_stage(stage: _GRPOStage, index: int, stage_dir: Path, ctx: RunConte
     start = ctx.model(ctx.recipe.model_source(index))
     env, options = ctx.stage_env(stage)
     tasks = select_tasks(env, options, stage.split, stage.tasks, stage.categories, stage.difficulty)
-    result = run_grpo(start.path, env, options, tasks, stage_dir, stage.settings(), start.adapter)
+    result = run_grpo(start.path, env, options, tasks, stage_dir, stage, start.adapter)
     return {**result, **rl_outputs(stage_dir, ctx), "tasks": len(tasks)}
 
 

@@ -18,18 +18,18 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, field_serializer, model_validator
 
 from turnforge.data.rft import select_rft
 from turnforge.launch import main_process_result
 from turnforge.rollouts_file import read_episodes
 from turnforge.rundir import EPISODES_FILE
-from turnforge.stages.config import STAGE_NAME, RolloutStage, Table, TrainStage, with_settings_fields
+from turnforge.stages.config import STAGE_NAME, RolloutStage, TrainStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.eval import run_rollouts
 from turnforge.stages.registry import register_stage
 from turnforge.stages.sft import data_path, trained_model
-from turnforge.train.settings import SettingsError, SFTSettings
+from turnforge.train.settings import SFTSettings
 from turnforge.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -38,10 +38,6 @@ SAMPLES_DIR = "samples"
 GREEDY_DIR = "greedy"
 KEPT_FILE = "kept.jsonl"
 REPLAY_FILE = "replay.jsonl"
-
-SFTSettingsTable = with_settings_fields("SFTSettingsTable", Table, SFTSettings)
-"""rft's `train` table: the fields of an sft stage's training (unknown keys and bad values name the field)."""
-
 
 class RFTStageConfig(RolloutStage, TrainStage):
     """`kind = "rft"`: rejection fine-tuning. `samples` episodes per task with the current model, keep the
@@ -52,7 +48,6 @@ class RFTStageConfig(RolloutStage, TrainStage):
     policy: Literal["hf"] = "hf"
     split: str = "train"
     samples: int = Field(default=4, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
     keep: Literal["success", "best"] = "success"
     """success: successful episodes only; best: also, for a task with no success, its best episode by progress
     when that progress is at least `min_progress`."""
@@ -72,11 +67,27 @@ class RFTStageConfig(RolloutStage, TrainStage):
     """Each kept episode appears this many times in the fine-tuning data (its weight against `replay` and `data`)."""
     data: list[str] = Field(default_factory=list)
     """More training data mixed in (earlier collect stages, hf:DATASET, JSONL files), e.g. the SFT data."""
-    train: dict[str, Any] = Field(default_factory=dict)
-    """The SFT settings of the fine-tuning step (the fields of an sft stage: max_steps, learning_rate, ...)."""
+    train: SFTSettings = Field(default_factory=SFTSettings)
+    """The SFT settings of the fine-tuning step (the fields of an sft stage: max_steps, learning_rate, ...): what
+    the SFT trainer gets. Nested, not flat as an sft stage's, since some names mean another thing here (batch_size
+    is the episodes sampled at once, seed the sampling's)."""
+    _train_as_written: dict[str, Any] | None = PrivateAttr(default=None)
 
-    def settings(self) -> SFTSettings:
-        return SFTSettings(**self.train)
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_train_as_written(cls, data: Any, handler: Any) -> RFTStageConfig:
+        stage = handler(data)
+        if isinstance(data, dict) and isinstance(data.get("train"), dict):
+            stage._train_as_written = dict(data["train"])
+        return stage
+
+    @field_serializer("train")
+    def _train_table(self, train: SFTSettings) -> dict[str, Any]:
+        # The table as the recipe wrote it (epochs = 1 stays 1, unset keys stay unset), as when it was an untyped
+        # table: the stage's hash and config.toml are unchanged, so runs made before keep their finished stages.
+        if self._train_as_written is not None:
+            return self._train_as_written
+        return train.model_dump(mode="json", exclude_unset=True)
 
     @model_validator(mode="after")
     def _replay_needs_greedy_play(self) -> RFTStageConfig:
@@ -84,14 +95,6 @@ class RFTStageConfig(RolloutStage, TrainStage):
             raise ValueError('replay takes the greedy play\'s successes: it needs aim = "greedy_failures"')
         return self
 
-    @model_validator(mode="after")
-    def _train_is_valid(self) -> RFTStageConfig:
-        SFTSettingsTable.model_validate(self.train)  # unknown keys and bad types name the field
-        try:
-            self.settings()
-        except SettingsError as e:  # bad values, each at its key inside `train`
-            raise SettingsError(e.kind, [(("train", k) if isinstance(k, str) else ("train", *k), m) for k, m in e.problems]) from None
-        return self
 
 
 def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
@@ -116,7 +119,7 @@ def run_rft_stage(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: RunCo
     kept_path, replay_path = stage_dir / KEPT_FILE, stage_dir / REPLAY_FILE
     extra = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
     own = [str(kept_path)] * stage.repeat_kept + ([str(replay_path)] if stage.replay and replay_path.exists() else [])
-    result = run_sft(start.path, [*own, *extra], stage_dir, stage.settings())
+    result = run_sft(start.path, [*own, *extra], stage_dir, stage.train)
     return {
         **result,
         **trained_model(stage_dir, ctx),
@@ -129,7 +132,7 @@ def _sample_and_keep(stage: RFTStageConfig, index: int, stage_dir: Path, ctx: Ru
     """Sample the episodes (resumable), keep the good ones in kept.jsonl: (summary, sampled, kept, yield report)."""
     task_ids, report_greedy = None, {}
     if stage.aim == "greedy_failures":
-        greedy = stage.model_copy(update={"temperature": 0.0, "top_p": 1.0, "top_k": 0, "samples": 1})
+        greedy = stage.model_copy(update={"temperature": 0.0, "top_p": 1.0, "top_k": 0, "explore": 1.0, "samples": 1})
         screen = run_rollouts(greedy, index, stage_dir / GREEDY_DIR, ctx)
         played = read_episodes(stage_dir / GREEDY_DIR / EPISODES_FILE)
         task_ids, replay = aim_at_failures(played, stage.replay, stage.seed)

@@ -8,7 +8,7 @@ curve in `stages/NN-<id>/metrics.jsonl`. A killed SFT stage resumes from its las
 
     turnforge run recipes/quickstart.toml --out runs/qs      # stage 02-sft -> runs/qs/stages/02-sft/model
 
-The config's training fields are `turnforge.train.settings.SFTSettings`'s (`with_settings_fields`).
+The config is an `turnforge.train.settings.SFTSettings` (it derives from it), and is what the trainer gets.
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from turnforge.stages.collect import TRAJECTORIES_FILE
-from turnforge.stages.config import STAGE_NAME, TrainStage, settings_of, with_settings_fields
+from turnforge.stages.config import STAGE_NAME, TrainStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.registry import register_stage
 from turnforge.train.settings import METRICS_FILE, MODEL_DIR, SFTSettings
 
 
-class _SFTStage(TrainStage):
+class SFTStageConfig(TrainStage, SFTSettings):
     """`kind = "sft"`: supervised fine-tuning on earlier collect stages; the model lands in stages/NN-<id>/model.
 
-    The other fields are those of `turnforge.train.settings.SFTSettings`.
+    The other fields are those of `turnforge.train.settings.SFTSettings`: the stage is the trainer's settings.
     """
 
     kind: Literal["sft"] = "sft"
@@ -36,20 +36,8 @@ class _SFTStage(TrainStage):
     data: list[str] = Field(min_length=1)
     """Earlier collect stages (by id or name), `hf:NAME[:SPLIT]` datasets, or JSONL files."""
 
-    def settings(self) -> SFTSettings:
-        """The `SFTSettings` this stage trains with."""
-        return settings_of(self, SFTSettings)
 
-    @model_validator(mode="after")
-    def _settings_are_valid(self) -> _SFTStage:
-        self.settings()  # SFTSettings checks its own ranges (max_steps, warmup_ratio, ...): a ValueError here
-        return self
-
-
-SFTStageConfig = with_settings_fields("SFTStageConfig", _SFTStage, SFTSettings)
-
-
-def run_sft_stage(stage: _SFTStage, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
+def run_sft_stage(stage: SFTStageConfig, index: int, stage_dir: Path, ctx: RunContext) -> dict[str, Any]:
     from turnforge.train.sft import (
         run_sft,  # torch and TRL (seconds to import) load when a training stage runs
     )
@@ -61,7 +49,7 @@ def run_sft_stage(stage: _SFTStage, index: int, stage_dir: Path, ctx: RunContext
             "that trained it to train on top of it"
         )
     data = [data_path(source, ctx) for source in ctx.recipe.data_sources(index)]
-    result = run_sft(start.path, data, stage_dir, stage.settings())
+    result = run_sft(start.path, data, stage_dir, stage)
     return {**result, **trained_model(stage_dir, ctx)}
 
 

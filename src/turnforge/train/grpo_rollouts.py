@@ -10,7 +10,6 @@ One line of `rollouts.jsonl` per batch (`EpisodeRollouts._log`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import time
@@ -175,10 +174,7 @@ class EpisodeRollouts:
         s = self.settings
         policy = self.policy_factory(self.trainer, model, self.tokenizer, s)
         self.calls += 1
-        params = SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-            seed=s.seed + 7919 * self.calls, explore=s.explore,
-        )
+        params = s.sampling().replace(seed=s.seed + 7919 * self.calls)
         limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
         # run_episodes keys episodes by (task id, sample): each group plays a copy of its task under a key of its
         # own, so that a task drawn twice in one batch stays two groups; the episodes get the task's id back.
@@ -207,7 +203,7 @@ class EpisodeRollouts:
         """The env's model roles (e.g. a user simulator), built once; each rollout gets this call's seed."""
         if self.role_policies is None:
             self.role_policies = env_roles(self.env_name, self.env_options, params, self.settings.seed, "hf")
-        return {name: Role(r.policy, dataclasses.replace(r.params, seed=params.seed)) for name, r in self.role_policies.items()}
+        return {name: Role(r.policy, r.params.replace(seed=params.seed)) for name, r in self.role_policies.items()}
 
     def _resample(self, model, played: list[Group]) -> tuple[list[Group], int, int]:
         """DAPO dynamic sampling: the groups `played`, with zero-variance full groups swapped for fresh tasks' groups

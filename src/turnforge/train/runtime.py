@@ -62,7 +62,6 @@ def runtime_args() -> dict[str, Any]:
 
 def trl_config(config_cls: type, out_dir: Path, settings: Any) -> Any:
     """TRL's config for `settings`: run-time fields < the settings' own fields (`trl_kwargs`) < its `trl` table."""
-    settings.check_trl()
     args = {**runtime_args(), **settings.trl_kwargs(), **settings.trl}
     if args.get("bf16") and not torch.cuda.is_available():
         args = cpu_bf16_args(args)

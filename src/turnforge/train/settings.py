@@ -1,9 +1,13 @@
-"""What each trainer can be told: `SFTSettings`, `DPOSettings`, `GRPOSettings` (plain dataclasses, no torch).
+"""What each trainer can be told: `SFTSettings`, `DPOSettings`, `GRPOSettings` (pydantic models, no torch).
 
-They are the one source of truth for a training stage's fields: the recipe's stage tables are built from them
-(`turnforge.stages.config.with_settings_fields`), so a recipe and a trainer cannot disagree on a name, a type
-or a default. What SFT and DPO share (optimizer, schedule, LoRA, checkpoints, window) is declared once, in
-`TrainerSettings`; each subclass adds its own fields and changes only the defaults it needs.
+They are the one source of truth for a training stage's fields: a training stage's config derives from its
+trainer's settings (`class SFTStage(TrainStage, SFTSettings)`; rft holds an `SFTSettings` as its `train` table),
+and the trainer receives that object itself, so a recipe and a trainer cannot disagree on a name, a type or a
+default, and nothing copies one into the other. What every trainer shares (learning rate, LoRA, checkpoints,
+logging, seed, the `trl` table) is declared once, in `TrainerSettings`; what SFT and DPO share (epochs over a data
+set, batches, schedule, window) in `OfflineSettings`; GRPO adds its group, loss and rollouts, and samples its
+episodes with the one sampling group (`turnforge.types.SamplingParams`). Each class changes only the defaults
+it needs.
 
 Every setting says which TRL config field it sets (`trl_kwargs`). TRL's long tail of other options passes
 through the `trl` table unchanged (`trl = { max_grad_norm = 0.5, optim = "adamw_torch_fused" }`): its keys are
@@ -14,11 +18,13 @@ turnforge setting already sets is refused (set the setting instead), so that one
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from turnforge.models.loading import LoraSpec
 from turnforge.rewards import COMPONENTS, RewardWeights
+from turnforge.types import SamplingParams
 
 # Where a trainer writes, under its out_dir (names the stages and the report read too).
 MODEL_DIR = "model"
@@ -80,29 +86,75 @@ weight jumps by its own size every step: the model is destroyed, never trained. 
 LEARNING_RATE_RANGE = "more than 0 and less than 1 (AdamW; LMs fine-tune at 1e-6..1e-2)"
 
 
-@dataclass
-class TrainerSettings:
-    """The settings SFT and DPO share. The defaults run on a laptop CPU with the tiny model."""
+class TrainerSettings(BaseModel):
+    """What every trainer is told (SFT, DPO, GRPO). The defaults run on a laptop CPU with the tiny model.
 
+    A recipe table too (a training stage's config derives from its trainer's settings): unknown keys are errors,
+    and every bad value is reported at once, each at its key (`SettingsError`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
     KIND: ClassVar[str] = "trainer"
     TRL_CONFIG: ClassVar[str] = "TrainingArguments"
+
+    learning_rate: float = 5e-4
+    """Peak learning rate (AdamW). 5e-4 suits LoRA and the tiny model; full fine-tuning of a 4B model wants ~1e-5."""
+    lora: LoraSpec | None = None
+    """LoRA adapter to train (r, alpha, dropout, target modules); None = full fine-tuning."""
+    merge: bool = True
+    """With LoRA: merge the adapter into the weights of `out_dir/model` (True) or save the adapter only (False)."""
+    logging_steps: int = 10
+    """Optimizer steps between two lines of `metrics.jsonl` (and of tensorboard / wandb)."""
+    save_steps: int = 0
+    """Optimizer steps between checkpoints in `out_dir/checkpoints` (a rerun resumes from the last); 0 = none."""
+    seed: int = 0
+    """Seed of the data order and of the LoRA initialisation."""
+    trl: dict[str, Any] = Field(default_factory=dict)
+    """Other fields of TRL's config, passed through unchanged (checked against that class's own fields)."""
+
+    @field_validator("trl")
+    @classmethod
+    def _trl_fields_exist(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """An unknown key is an error at this key (`stages.sft.trl: unknown field(s) of TRL's SFTConfig ...`)."""
+        # The fields these settings set, whatever their values: those of the defaults (other fields unread).
+        check_trl_options(cls.TRL_CONFIG, value, {"output_dir", *cls.model_construct().trl_kwargs()})
+        return value
+
+    @model_validator(mode="after")
+    def _values_are_valid(self) -> TrainerSettings:
+        check_settings(self.KIND, self, self._checks())
+        return self
+
+    def _checks(self) -> list[tuple[str, bool, str]]:
+        """(field, valid?, what is expected): all of them are checked and reported together."""
+        return [
+            ("learning_rate", 0 < self.learning_rate < MAX_LEARNING_RATE, LEARNING_RATE_RANGE),
+            ("logging_steps", self.logging_steps >= 1, "at least 1"),
+            ("save_steps", self.save_steps >= 0, "0 (no checkpoints) or more"),
+        ]
+
+    def trl_kwargs(self) -> dict[str, Any]:
+        """The TRL config fields these settings set (the run-time and `trl` ones are added by `trl_config`)."""
+        return {
+            "learning_rate": self.learning_rate,
+            "logging_steps": self.logging_steps,
+            "seed": self.seed,
+            **_save_kwargs(self.save_steps),
+        }
+
+
+class OfflineSettings(TrainerSettings):
+    """What SFT and DPO share: epochs over a fixed data set, its batches, the schedule, the history window."""
 
     epochs: float = 1.0
     """Passes over the data (fractions allowed); ignored when `max_steps` > 0."""
     max_steps: int = -1
     """Optimizer steps to run; -1 = as many as `epochs` takes."""
-    learning_rate: float = 5e-4
-    """Peak learning rate (AdamW). 5e-4 suits LoRA and the tiny model; full fine-tuning of a 4B model wants ~1e-5."""
     batch_size: int = 8
     """Sequences (SFT rows, DPO pairs) per device per micro-batch."""
     grad_accum: int = 1
     """Micro-batches per optimizer step; effective batch = batch_size x grad_accum x devices."""
     max_length: int = 1024
     """Tokens per example; longer examples are cut at the end (counted and logged)."""
-    lora: LoraSpec | None = None
-    """LoRA adapter to train (r, alpha, dropout, target modules); None = full fine-tuning."""
-    merge: bool = True
-    """With LoRA: merge the adapter into the weights of `out_dir/model` (True) or save the adapter only (False)."""
     window: int | None = None
     """Keep only the last `window` assistant turns in context (as the rollouts with that window do); None = all."""
     warmup_ratio: float = 0.0
@@ -111,63 +163,39 @@ class TrainerSettings:
     """AdamW weight decay."""
     lr_scheduler: str = "cosine"
     """Learning-rate schedule after warmup (a transformers `lr_scheduler_type`: cosine, linear, constant, ...)."""
-    logging_steps: int = 10
-    """Optimizer steps between two lines of `metrics.jsonl` (and of tensorboard / wandb)."""
-    save_steps: int = 0
-    """Optimizer steps between checkpoints in `out_dir/checkpoints` (a rerun resumes from the last); 0 = none."""
     report_to: str = "none"
     """Where training curves also go: none, tensorboard (under out_dir/checkpoints/runs) or wandb."""
-    seed: int = 0
-    """Seed of the data order and of the LoRA initialisation."""
-    trl: dict[str, Any] = field(default_factory=dict)
-    """Other fields of TRL's config, passed through unchanged (checked against that class's own fields)."""
-
-    def __post_init__(self) -> None:
-        check_settings(self.KIND, self, self._checks())
-        if isinstance(self.lora, dict):
-            self.lora = LoraSpec(**self.lora)
 
     def _checks(self) -> list[tuple[str, bool, str]]:
-        """(field, valid?, what is expected): all of them are checked and reported together."""
         return [
+            *super()._checks(),
             ("batch_size", self.batch_size >= 1, "at least 1"),
             ("grad_accum", self.grad_accum >= 1, "at least 1"),
             ("max_length", self.max_length >= 1, "at least 1"),
-            ("logging_steps", self.logging_steps >= 1, "at least 1"),
             ("max_steps", self.max_steps == -1 or self.max_steps >= 1, "-1 (run `epochs`) or at least 1"),
             ("epochs", self.epochs > 0, "more than 0"),
-            ("learning_rate", 0 < self.learning_rate < MAX_LEARNING_RATE, LEARNING_RATE_RANGE),
             ("weight_decay", self.weight_decay >= 0, "0 or more"),
             ("warmup_ratio", 0.0 <= self.warmup_ratio < 1.0, "a fraction in [0, 1)"),
-            ("save_steps", self.save_steps >= 0, "0 (no checkpoints) or more"),
             ("report_to", self.report_to in REPORT_TO, " or ".join(REPORT_TO)),
             ("window", self.window is None or self.window >= 1, "None (all) or at least 1"),
         ]
 
     def trl_kwargs(self) -> dict[str, Any]:
-        """The TRL config fields these settings set (the run-time and `trl` ones are added by `trl_config`)."""
         return {
+            **super().trl_kwargs(),
             "num_train_epochs": self.epochs,
             "max_steps": self.max_steps,
-            "learning_rate": self.learning_rate,
             "per_device_train_batch_size": self.batch_size,
             "gradient_accumulation_steps": self.grad_accum,
             "max_length": self.max_length,
             "warmup_steps": self.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio of the total steps
             "weight_decay": self.weight_decay,
             "lr_scheduler_type": self.lr_scheduler,
-            "logging_steps": self.logging_steps,
             "report_to": [] if self.report_to == "none" else [self.report_to],
-            "seed": self.seed,
-            **_save_kwargs(self.save_steps),
         }
 
-    def check_trl(self) -> None:
-        check_trl_options(self.TRL_CONFIG, self.trl, {"output_dir", *self.trl_kwargs()})
 
-
-@dataclass
-class SFTSettings(TrainerSettings):
+class SFTSettings(OfflineSettings):
     """Everything the SFT trainer can be told (TRL `SFTConfig`)."""
 
     KIND: ClassVar[str] = "sft"
@@ -201,15 +229,14 @@ def _dpo_lora() -> LoraSpec:
     return LoraSpec(r=16, alpha=32, dropout=0.0)
 
 
-@dataclass
-class DPOSettings(TrainerSettings):
+class DPOSettings(OfflineSettings):
     """Everything the DPO trainer can be told (TRL `DPOConfig`); the shared fields with DPO's defaults."""
 
     KIND: ClassVar[str] = "dpo"
     TRL_CONFIG: ClassVar[str] = "DPOConfig"
 
     batch_size: int = 4  # each pair is two sequences
-    lora: LoraSpec | None = field(default_factory=_dpo_lora)  # the reference = the model with the adapter disabled
+    lora: LoraSpec | None = Field(default_factory=_dpo_lora)  # the reference = the model with the adapter disabled
     lr_scheduler: str = "linear"
     beta: float = 0.1
     """DPO temperature: how far the policy may drift from the reference (TRL `beta`; the Iron Guard seed: 0.1)."""
@@ -238,13 +265,18 @@ class DPOSettings(TrainerSettings):
         return {**super().trl_kwargs(), "beta": self.beta, "loss_type": losses, "loss_weights": weights}
 
 
-@dataclass
-class GRPOSettings:
-    """Everything the GRPO trainer can be told (TRL `GRPOConfig`). The defaults run on a laptop CPU."""
+class GRPOSettings(TrainerSettings, SamplingParams):
+    """Everything the GRPO trainer can be told (TRL `GRPOConfig`). The defaults run on a laptop CPU.
+
+    Its episodes are sampled with the sampling group's fields (`SamplingParams`: temperature, top_p, top_k,
+    max_new_tokens, stop, explore; `seed` is also the trainer's): `sampling()` is what the policy gets."""
 
     KIND: ClassVar[str] = "grpo"
     TRL_CONFIG: ClassVar[str] = "GRPOConfig"
 
+    learning_rate: float = 1e-5
+    """AdamW peak learning rate (1e-6 for a 4B model as the DemyAgent seed; the tiny model wants ~1e-4)."""
+    logging_steps: int = 1
     steps: int = 20
     """Optimizer steps."""
     tasks_per_step: int = 4
@@ -253,8 +285,6 @@ class GRPOSettings:
     """Episodes per task: the group whose rewards are normalised together (GRPO's G)."""
     micro_batch_size: int | None = None
     """Episodes per forward/backward pass; None = the whole step at once. Must divide tasks_per_step x G."""
-    learning_rate: float = 1e-5
-    """AdamW peak learning rate (1e-6 for a 4B model as the DemyAgent seed; the tiny model wants ~1e-4)."""
     loss_type: str = "dapo"
     """TRL's loss: dapo (token-mean, DAPO), grpo, dr_grpo, bnpo, cispo, sapo."""
     epsilon: float = 0.2
@@ -267,20 +297,11 @@ class GRPOSettings:
     """Advantage scaling: group (GRPO), batch, none (Dr. GRPO)."""
     mask_truncated_completions: bool = True
     """Episodes whose last reply hit the token limit carry no loss (DAPO)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    """Sample from the k most likely tokens only; 0 = off (TRL's GRPOConfig.top_k)."""
-    explore: float = 1.0
-    """The share of replies sampled; the others are the greedy reply (`SamplingParams.explore`). Below 1 the
-    group's episodes follow the greedy policy, which is what is evaluated, and leave it at a few turns."""
-    max_new_tokens: int = 256
-    """Tokens per assistant turn."""
     max_turns: int | None = None
     """Assistant turns per episode; None = the env's own limit."""
     max_completion_length: int = 4096
     """Tokens of one episode after its first prompt (replies + observations); longer episodes are cut."""
-    rewards: RewardWeights = field(default_factory=RewardWeights)
+    rewards: RewardWeights = Field(default_factory=RewardWeights)
     step_advantage_weight: float = 0.0
     """GiGPO's omega (arXiv 2505.10978): each turn's advantage adds this times its step-level advantage, its
     discounted return against the other turns of its group that saw the same observation
@@ -291,44 +312,28 @@ class GRPOSettings:
     """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
     resample_rounds: int = 2
     """How many times dynamic sampling may try again per generation batch."""
-    lora: LoraSpec | None = None
-    merge: bool = True
-    """With LoRA: merge the adapter into `out_dir/model` (True) or save the adapter only."""
-    logging_steps: int = 1
-    save_steps: int = 0
-    """Optimizer steps between checkpoints (a rerun resumes from the last); 0 = none."""
-    seed: int = 0
     use_vllm: bool = False
     """Roll out with vLLM through TRL's vLLM modes (GPU + `pip install "turnforge[vllm]"`): `vllm_mode`
     colocate (default) or server, and the other `vllm_*` fields, go in `trl = {...}`; TRL's
     importance-sampling correction for the vLLM / trainer log-prob gap is on (its default)."""
-    trl: dict[str, Any] = field(default_factory=dict)
-    """Other fields of TRL's GRPOConfig, passed through unchanged (checked against its own fields)."""
 
-    def __post_init__(self) -> None:
-        check_settings(self.KIND, self, [
+    def _checks(self) -> list[tuple[str, bool, str]]:
+        return [
+            *super()._checks(),
             ("steps", self.steps >= 1, "at least 1"),
             ("tasks_per_step", self.tasks_per_step >= 1, "at least 1"),
             ("num_generations", self.num_generations >= 2, "at least 2 (a group needs a baseline)"),
             ("loss_type", self.loss_type in GRPO_LOSS_TYPES, " or ".join(GRPO_LOSS_TYPES)),
             ("scale_rewards", self.scale_rewards in SCALE_REWARDS, " or ".join(SCALE_REWARDS)),
-            ("learning_rate", 0 < self.learning_rate < MAX_LEARNING_RATE, LEARNING_RATE_RANGE),
-            ("temperature", self.temperature >= 0, "0 (greedy) or more"),
-            ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
-            ("explore", 0 <= self.explore <= 1 and (self.explore == 1 or self.temperature > 0),
-             "in [0, 1], and below 1 only with a temperature above 0"),
             ("epsilon", self.epsilon >= 0, "0 or more"),
-            ("max_new_tokens", self.max_new_tokens >= 1, "at least 1"),
-            ("top_k", self.top_k >= 0, "0 (off) or more"),
             ("max_completion_length", self.max_completion_length >= 1, "at least 1"),
             ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
             ("step_advantage_weight", self.step_advantage_weight >= 0, "0 (off) or more"),
             ("step_discount", 0 < self.step_discount <= 1, "in (0, 1]"),
-        ])
-        if isinstance(self.rewards, dict):
-            self.rewards = RewardWeights(**self.rewards)
-        if isinstance(self.lora, dict):
-            self.lora = LoraSpec(**self.lora)
+        ]
+
+    @model_validator(mode="after")
+    def _batch_and_rollouts_fit(self) -> GRPOSettings:
         if self.micro_batch_size is not None and self.episodes_per_step % self.micro_batch_size:
             raise ValueError(
                 f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
@@ -337,6 +342,7 @@ class GRPOSettings:
         if self.explore < 1 and self.use_vllm and self.trl.get("vllm_mode") == "server":
             raise ValueError("grpo setting explore below 1 needs a temperature per reply, which trl vllm-serve's "
                              "client does not take: use vllm_mode = \"colocate\" or leave use_vllm off")
+        return self
 
     @property
     def episodes_per_step(self) -> int:
@@ -347,8 +353,8 @@ class GRPOSettings:
         micro = self.micro_batch_size or self.episodes_per_step
         weights = self.rewards.as_dict()
         return {
+            **super().trl_kwargs(),
             "max_steps": self.steps,
-            "learning_rate": self.learning_rate,
             "per_device_train_batch_size": micro,
             "gradient_accumulation_steps": self.episodes_per_step // micro,
             "num_generations": self.num_generations,
@@ -363,12 +369,6 @@ class GRPOSettings:
             "top_k": self.top_k,
             "max_completion_length": self.max_completion_length,
             "reward_weights": [weights[name] for name in COMPONENTS],
-            "logging_steps": self.logging_steps,
             "report_to": [],
-            "seed": self.seed,
             "use_vllm": self.use_vllm,
-            **_save_kwargs(self.save_steps),
         }
-
-    def check_trl(self) -> None:
-        check_trl_options(self.TRL_CONFIG, self.trl, {"output_dir", *self.trl_kwargs()})

@@ -29,9 +29,10 @@ __all__ = ["CATEGORIES", "load_tasks", "make_bfcl_env"]
 def load_tasks(
     split: str,
     limit: int | None = None,
-    category: str = "all",
-    version: str = PINNED_VERSION,
-    split_seed: int = 0,
+    *,
+    category: str,
+    version: str,
+    split_seed: int,
     **_env_options,
 ) -> list[Task]:
     """The entries of `category` (or all four) in `split`, in BFCL's order (category, then id number)."""
@@ -76,7 +77,8 @@ SPEC = register_env(
             EnvOption("format", str, "tool_call", "tool_call (Qwen3 <tool_call> JSON) or bfcl_python ([f(a=1)])",
                       ("tool_call", "bfcl_python")),
             EnvOption("hints", bool, False, "on a failed call, append an actionable hint (Environment Tuning)"),
-            EnvOption("max_steps_per_turn", int, 20, "steps with calls per user turn; one more force-quits (BFCL: 20)", at_least=1),
+            EnvOption("max_steps_per_turn", int, 20, "steps with calls per user turn; one more force-quits (BFCL: "
+                      "bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT = 20)", at_least=1),
             EnvOption("version", str, PINNED_VERSION, "bfcl-eval release the data must come from, or 'installed'"),
             EnvOption("split_seed", int, 0, "seed of the train/heldout halves of each category"),
             EnvOption("call_timeout", float, 5.0, "CPU seconds a MathAPI call may use (in a checker child capped at "

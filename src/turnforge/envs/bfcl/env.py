@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from turnforge.envs.bfcl import checking
-from turnforge.envs.bfcl.data import PINNED_VERSION
 from turnforge.envs.bfcl.execution import (
     CallOutcome,
     build_instances,
@@ -32,7 +31,6 @@ from turnforge.envs.bfcl.execution import (
 )
 from turnforge.envs.bfcl.hints import hint_for
 from turnforge.envs.bfcl.tools import docs_by_class, entry_docs, tool_schema
-from turnforge.envs.isolation import CPU_S
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
 from turnforge.formats.bfcl_python import call_string
@@ -40,7 +38,6 @@ from turnforge.formats.plain_text import PlainTextEndsTurn
 from turnforge.types import Message, Score, StepResult, StopReason, Task
 
 FORMATS = ("tool_call", "bfcl_python")
-MAXIMUM_STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
 ADDED_FUNCTIONS_MESSAGE = "I have updated some more functions you can choose from. What about now?"
 # The behaviour part of BFCL's prompting system prompt; given to function-calling models too, so that they
 # know a reply without calls ends the turn (BFCL's FC models get no system prompt at all).
@@ -69,13 +66,15 @@ class BfclEnv:
 
     def __init__(
         self,
-        format: str = "tool_call",
-        hints: bool = False,
-        max_steps_per_turn: int = MAXIMUM_STEP_LIMIT,
-        version: str = PINNED_VERSION,
-        call_timeout: float = CPU_S,
+        *,
+        format: str,
+        hints: bool,
+        max_steps_per_turn: int,
+        version: str,
+        call_timeout: float,
         **_task_options: Any,
     ):
+        # No defaults here: the family's EnvOptions hold them, and `make_env` passes every option resolved.
         self.format = _env_format(format)
         self.hints = hints
         self.max_steps_per_turn = max_steps_per_turn

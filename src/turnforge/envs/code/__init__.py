@@ -20,9 +20,9 @@ from turnforge.types import Task
 __all__ = ["load_tasks", "make_code_env"]
 
 
-def load_tasks(split: str, limit: int | None = None, data: str = "", seed: int = 0, **options) -> list[Task]:
-    """`data=FILE` lines (every split gets them all), else `generate=N` problems of the split."""
-    n = options.get("generate", 0)
+def load_tasks(split: str, limit: int | None = None, *, data: str, seed: int, **options) -> list[Task]:
+    """`data=FILE` lines (every split gets them all), else `generate=N` problems of the split (options resolved)."""
+    n = options["generate"]
     if data:
         return load_file(data, split)[:limit]
     if n < 1:
@@ -57,7 +57,7 @@ SPEC = register_env(
             EnvOption("math_verify", str, "math_verify", "math check: math-verify, or the seed's strict boxed match",
                       MATH_MODES),
             EnvOption("binary", bool, False, "code score 1 only when every test passes (else the fraction)"),
-            EnvOption("max_turns", int, 16, "replies per episode (the seed: 16)", at_least=1),
+            EnvOption("max_turns", int, 16, "replies per episode (the seed's grpo_tcr_qwen3_4b.sh: max_assistant_turns = 16)", at_least=1),
             EnvOption("timeout", float, 10.0, "sandbox wall-clock seconds per run", at_least=0.1, at_most=600),
             EnvOption("memory_mb", int, 1024, "sandbox address space per process, MiB", at_least=64),
             EnvOption("workers", int, 2, "sandbox worker processes", at_least=1, at_most=64),

@@ -25,7 +25,6 @@ from turnforge.formats.base import FormatError
 from turnforge.formats.plain_text import PlainTextEndsTurn
 from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
 
-MAX_TURNS = 16  # grpo_tcr_qwen3_4b.sh: max_assistant_turns = 16
 SYSTEM_TEXT = "You are a helpful assistant."
 MATH_PROMPT = (  # Open-AgentRL recipe/demystify math prompt, verbatim
     "Analyze and solve the following math problem step by step. \n\n{problem}"
@@ -52,9 +51,9 @@ class CodeEnv:
     name = "code"
     blocks = True  # every tool call and code check waits on the sandbox
 
-    def __init__(self, format: str = "tool_call", max_turns: int = MAX_TURNS, math_verify: str = "math_verify", binary: bool = False,
-                 timeout: float = 10.0, memory_mb: int = 1024, workers: int = 2, max_output_chars: int = 4096,
-                 **_task_options: Any) -> None:
+    def __init__(self, *, format: str, max_turns: int, math_verify: str, binary: bool, timeout: float, memory_mb: int,
+                 workers: int, max_output_chars: int, **_task_options: Any) -> None:
+        # No defaults here: the family's EnvOptions hold them, and `make_env` passes every option resolved.
         if math_verify == "math_verify" and not checking.math_verify_available():
             raise ValueError("code env: math_verify=math_verify needs the math-verify package: "
                              "pip install 'turnforge[code]', or pass --env-opt math_verify=strict")

@@ -15,13 +15,16 @@ __all__ = ["HouseholdEnv", "load_tasks", "is_plausible", "TASK_TYPES"]
 def load_tasks(
     split: str,
     limit: int | None = None,
-    seed: int = 0,
-    receptacles: float = 1.0,
-    distractors: int = 8,
-    closed: float = 1.0,
+    *,
+    seed: int,
+    receptacles: float,
+    distractors: int,
+    closed: float,
     **_env_options,
 ) -> list[Task]:
-    """Generated tasks of `split` in a stable order (task types cycle, so any prefix covers all six)."""
+    """Generated tasks of `split` in a stable order (task types cycle, so any prefix covers all six).
+
+    The options come resolved by `envs.base.load_tasks` (their defaults are the `EnvOption`s' below)."""
     knobs = Knobs(receptacles=receptacles, distractors=distractors, closed=closed)
     return [
         Task(id=f"{split}-{i:05d}", env="household", split=split, category=d["task_type"], data=d)
@@ -34,8 +37,8 @@ def _make(**options) -> HouseholdEnv:
 
 
 def _vocabulary(options: dict) -> list[str]:
-    knobs = Knobs(**{k: options[k] for k in ("receptacles", "distractors") if k in options})
-    return entity_names(knobs)
+    resolved = SPEC.resolve(options)
+    return entity_names(Knobs(receptacles=resolved["receptacles"], distractors=resolved["distractors"]))
 
 
 SPEC = register_env(
@@ -62,9 +65,12 @@ SPEC = register_env(
             EnvOption("seed", int, 0, "generator seed of the task splits"),
             EnvOption("step_delay_ms", int, 0, "each step sleeps this long: stands in for a slow env (a sandbox, "
                       "a simulated user) in benchmarks and tests of the rollout engine", at_least=0),
-            EnvOption("receptacles", float, 1.0, "scale of the number of receptacles per room", at_least=0.1),
-            EnvOption("distractors", int, 8, "objects per room that are not part of the goal", at_least=0),
-            EnvOption("closed", float, 1.0, "fraction of openable receptacles that start closed", at_least=0, at_most=1),
+            EnvOption("receptacles", float, Knobs.receptacles, "scale of the number of receptacles per room",
+                      at_least=0.1),
+            EnvOption("distractors", int, Knobs.distractors, "objects per room that are not part of the goal",
+                      at_least=0),
+            EnvOption("closed", float, Knobs.closed, "fraction of openable receptacles that start closed",
+                      at_least=0, at_most=1),
         ],
     )
 )

@@ -70,8 +70,8 @@ class AlfWorldEnv:
 
     name = "alfworld"
 
-    def __init__(self, format: str = "act_line", max_steps: int = 50, hints: bool = False, planner: bool = True,
-                 **_options):
+    def __init__(self, *, format: str, max_steps: int, planner: bool, hints: bool = False, **_options):
+        # hints is no option of this family (the real engine has none); the others come resolved by `make_env`.
         try:
             import textworld  # noqa: F401
             from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # noqa: F401

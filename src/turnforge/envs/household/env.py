@@ -84,33 +84,30 @@ class HouseholdEnv:
 
     def __init__(
         self,
-        grammar: str = "0.3",
-        hints: bool = False,
-        admissible: bool = False,
-        format: str = "act_line",
-        max_steps: int = 50,
-        expert: str = "oracle",
-        thoughts: str = "none",
-        step_delay_ms: int = 0,
+        *,
+        grammar: str,
+        hints: bool,
+        admissible: bool,
+        format: str,
+        max_steps: int,
+        expert: str,
+        thoughts: str,
+        step_delay_ms: int,
         **_generation_options,
     ):
+        # No defaults here: the family's EnvOptions hold them, and `make_env` passes every option resolved.
         self.grammar = grammar
         self.hints = hints
         self.show_admissible = admissible
         self.format = get_format(format)
         self.max_steps = max_steps
-        if expert not in ("oracle", "explorer"):
-            raise ValueError(f"expert must be 'oracle' or 'explorer', got {expert!r}")
         self.expert = expert
-        if thoughts not in THOUGHTS:
-            raise ValueError(f"thoughts must be one of {', '.join(map(repr, THOUGHTS))}, got {thoughts!r}")
+        # Each option's own values are checked where it is declared (its EnvOption); here, how they combine.
         if thoughts == "search" and expert != "explorer":
             raise ValueError("thoughts='search' states the explorer's search; it needs expert='explorer'")
         if thoughts != "none" and not self.format.thoughts:
             raise ValueError(f"thoughts={thoughts!r}: the {self.format.name} format has no place for a thought")
         self.thoughts = thoughts
-        if step_delay_ms < 0:
-            raise ValueError(f"step_delay_ms must be >= 0, got {step_delay_ms}")
         self.step_delay_s = step_delay_ms / 1000
         self.world: World | None = None
         self._plan: list[str] = []

@@ -51,7 +51,7 @@ def generated_vocabulary(_options: dict) -> list[str]:
     return [*SQL_KEYWORDS, *sorted(names | {column for t in TEMPLATES for column, _, _ in t.numbers})]
 
 
-def load_dbbench_tasks(split: str, limit: int | None = None, data: str = "", **_episode_options) -> list[Task]:
+def load_dbbench_tasks(split: str, limit: int | None = None, *, data: str, **_episode_options) -> list[Task]:
     """The tasks of the DBBench JSONL file `data` (the split only labels them)."""
     if not data:
         raise ValueError("env 'dbbench' needs its data file: --env-opt data=path/to/standard.jsonl (or dev.jsonl)")
@@ -79,7 +79,7 @@ DBBENCH_SPEC = register_env(
 
 
 def load_generated_tasks(
-    split: str, limit: int | None = None, generate: int = 200, seed: int = 0, **_episode_options
+    split: str, limit: int | None = None, *, generate: int, seed: int, **_episode_options
 ) -> list[Task]:
     """`generate` synthetic tasks of `split` (the first `limit` of them)."""
     if generate < 1:

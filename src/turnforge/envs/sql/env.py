@@ -50,13 +50,15 @@ class SqlEnv:
     def __init__(
         self,
         name: str = "dbbench",
-        format: str = "react_sql",
-        db_url: str = "",
-        max_rounds: int = 15,
-        timeout: float = 10.0,
-        hints: bool = False,
+        *,
+        format: str,
+        db_url: str,
+        max_rounds: int,
+        timeout: float,
+        hints: bool,
         **_task_options: Any,
     ):
+        # No defaults here: the family's EnvOptions hold them, and `make_env` passes every option resolved.
         if format not in FORMATS:
             raise ValueError(f"the sql envs speak {' or '.join(FORMATS)}, not {format!r}")
         self.name = name
