@@ -236,7 +236,7 @@ def test_a_teacher_that_is_no_earlier_stage_is_refused_at_check(tmp_path):
     assert result.exit_code != 0 and "no earlier training stage" in result.output
 
 
-@pytest.mark.slow  # ~3 min on 2 idle cores (11 under load): two SFT stages, three evals of rambling models
+@pytest.mark.slow  # 11 min on this loaded 2-core machine: two SFT stages, three evals of rambling models
 def test_quickstart_distill_runs_end_to_end_with_small_overrides(tmp_path):
     """The recipe on a fresh directory, every stage at a few steps and tasks (the full run: docs/distill.md)."""
     sets = ["stages.collect.tasks=16", "stages.sft-teacher.max_steps=4", "stages.sft-student.max_steps=2",
