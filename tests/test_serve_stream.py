@@ -192,9 +192,11 @@ def test_unknown_paths_are_openai_shaped_404s(url, client):
         error = answer.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["param"] is None, answer.text
         assert answer.status_code in (404, 405) and path in error["message"]
-    with pytest.raises(openai.NotFoundError, match="/v1/completions") as e:
-        client.completions.create(model="tiny", prompt="go to fridge 1")
+    with pytest.raises(openai.NotFoundError, match="/v1/embeddings") as e:
+        client.embeddings.create(model="tiny", input="go to fridge 1")
     assert e.value.body["type"] == "invalid_request_error"
+    # /v1/completions is served: one token, and vLLM's prompt_logprobs (a distillation teacher, test_distill.py)
+    assert client.completions.create(model="tiny", prompt="go to fridge 1").choices[0].finish_reason == "length"
 
 
 def test_malformed_json_and_invalid_fields_say_what_and_where(url, client):

@@ -163,6 +163,8 @@ def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str
             inputs["model"] = recipe.model.model_dump(mode="json", include=fields)
         else:
             reads.append(source)
+    if hasattr(stage, "model_reads"):  # more models than its start model (distill: its teacher)
+        reads += stage.model_reads(recipe.stages[:index])
     inputs["reads"] = {source: hashes[source] for source in reads}
     return inputs
 

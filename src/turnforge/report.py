@@ -140,6 +140,12 @@ def stage_result_text(kind: str, result: dict[str, Any]) -> str:
             first, last = result["drawn_reward_quarters"]
             text += f", reward on the drawn tasks {first:.2f} → {last:.2f} (first → last quarter)"
         return text
+    if kind == "distill" and "episodes" in result:
+        text = f"{result['steps']} steps, {result['episodes']} episodes"
+        if result.get("teacher_kl_quarters"):
+            first, last = result["teacher_kl_quarters"]
+            text += f", KL to the teacher {first:.3f} → {last:.3f} (first → last quarter)"
+        return text
     return ", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, int | float))
 
 

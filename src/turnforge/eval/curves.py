@@ -1,7 +1,7 @@
 """Learning curves of a run's training stages: loss, reward, success, KL and entropy per step, as PNGs.
 
 A training stage logs TRL's metrics to `metrics.jsonl` (one line per logging step: `step`, `loss`, GRPO's
-`reward`, `kl`, `entropy`) and GRPO its rollouts to `rollouts.jsonl` (one line per batch: `success`, ...). Each
+`reward`, `kl`, `entropy`) and GRPO its rollouts to `rollouts.jsonl` (one line per batch: `success`, ...; distill's `teacher_kl`). Each
 key a stage logged becomes one plot, `plots/<stage>_<key>.png`; a key it never logged gives none.
 """
 
@@ -18,6 +18,7 @@ CURVES = (
     ("rollouts.jsonl", "batch", "success", "rollout success per batch"),
     ("rollouts.jsonl", "batch", "drawn_reward", "reward of the drawn tasks per batch (before dynamic sampling)"),
     ("metrics.jsonl", "step", "kl", "KL to the reference"),
+    ("rollouts.jsonl", "batch", "teacher_kl", "reverse KL to the teacher per generated token (distill)"),
     ("metrics.jsonl", "step", "entropy", "entropy"),
 )  # fmt: skip
 

@@ -13,6 +13,9 @@ reply is generated whole and then sent in per-token chunks (policies/serve_strea
 JSON bodies (`{"error": {"message", "type", "param", "code"}}`) with 400, 404, 405 or 500 (in a stream that has
 started: an `error` event); `param` names the field at fault, or is null.
 
+`POST /v1/completions` scores token ids with vLLM's `prompt_logprobs` (policies/serve_scoring.py): the server can
+be an on-policy distillation teacher (`teacher = "openai:URL"`).
+
 Batching: every choice of every open request joins one batching queue (`RoleQueues`, policies/queue.py), whose
 `live` count is the prompts still waiting for the model: a request that finds the model idle runs at once, and
 those that arrive while it is busy make up the next batched `generate` call.
@@ -60,6 +63,7 @@ from turnforge.policies.base import (
 )
 from turnforge.policies.queue import Role, RoleQueues
 from turnforge.policies.reply_memory import Remembered, ReplyMemory
+from turnforge.policies.serve_scoring import CompletionRequest, complete
 from turnforge.policies.serve_stream import DONE, Choice, choice_chunks, role_chunk, sse
 from turnforge.types import Message, Task
 
@@ -149,8 +153,8 @@ class _PerRequestSettings:
     name = "serve"
     renderer = None
 
-    def __init__(self, hf, adapters: bool) -> None:
-        self.hf, self.adapters = hf, adapters
+    def __init__(self, hf, adapters: bool, lock: threading.Lock) -> None:
+        self.hf, self.adapters, self.lock = hf, adapters, lock
 
     def generate(self, prompts: list[_ServedPrompt], _params: SamplingParams) -> list[Generation]:
         groups: dict[tuple, list[int]] = {}
@@ -158,7 +162,7 @@ class _PerRequestSettings:
             groups.setdefault((p.adapter, p.params.model_dump_json()), []).append(i)
         out: list[Generation | None] = [None] * len(prompts)
         for (adapter, _), rows in groups.items():
-            with self._adapter(adapter):
+            with self.lock, self._adapter(adapter):
                 gens = self.hf.generate([prompts[i] for i in rows], prompts[rows[0]].params)
             for i, gen in zip(rows, gens, strict=True):
                 out[i] = gen
@@ -199,6 +203,9 @@ class ServedModel:
         self.max_tokens_default = max_tokens_default
         self.memory = ReplyMemory(self.tokenizer.eos_token)
         self.eos_id = self.tokenizer.eos_token_id
+        self.model_lock = threading.Lock()
+        """Held while the model runs: generation (the batching queue's thread) and scoring (/v1/completions) take
+        turns, so that neither sees the other's adapter."""
 
     @property
     def names(self) -> list[str]:
@@ -224,7 +231,7 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         state["announced"] = 0  # prompts of a request counted as open before they join the queue
-        queues = RoleQueues({"agent": Role(_PerRequestSettings(served.hf, bool(served.adapters)))},
+        queues = RoleQueues({"agent": Role(_PerRequestSettings(served.hf, bool(served.adapters), served.model_lock))},
                             live=lambda: queues.waiting + state["announced"], max_batch=max_batch, tick_s=tick_s)
         state["queues"] = queues
         try:
@@ -246,8 +253,8 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
     async def no_route(request: Request, e: HTTPException) -> JSONResponse:
         message = str(e.detail)
         if e.status_code in (404, 405):  # OpenAI's words for a path (or method) it does not serve
-            message = (f"Invalid URL ({request.method} {request.url.path}); this server answers GET /v1/models "
-                       "and POST /v1/chat/completions")
+            message = (f"Invalid URL ({request.method} {request.url.path}); this server answers GET /v1/models, "
+                       "POST /v1/chat/completions and POST /v1/completions (prompt_logprobs)")
         answer = APIError(e.status_code, message).response()
         answer.headers.update(e.headers or {})  # 405's Allow
         return answer
@@ -271,7 +278,23 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
         except Exception as e:
             raise _failure(e) from None
 
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest) -> dict[str, Any]:
+        try:
+            _known_model(served, request.model)
+            scorer = _PerRequestSettings(served.hf, bool(served.adapters), served.model_lock)
+            adapter = scorer._adapter(None if request.model == served.name else request.model)
+            return await asyncio.to_thread(complete, served, request, adapter)
+        except Exception as e:
+            raise _failure(e) from None
+
     return app
+
+
+def _known_model(served: ServedModel, model: str) -> None:
+    if model not in served.names:
+        raise APIError(404, f"The model `{model}` does not exist; this server has: {', '.join(served.names)}",
+                       "model", "model_not_found")
 
 
 def _invalid_request(e: RequestValidationError) -> APIError:
@@ -306,9 +329,7 @@ class _Job:
 def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
     if request.stream_options is not None and not request.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
-    if request.model not in served.names:
-        raise APIError(404, f"The model `{request.model}` does not exist; this server has: {', '.join(served.names)}",
-                       "model", "model_not_found")
+    _known_model(served, request.model)
     adapter = None if request.model == served.name else request.model
     messages = [_chat_message(m, i) for i, m in enumerate(request.messages)]
     try:

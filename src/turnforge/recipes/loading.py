@@ -204,6 +204,11 @@ def _check_stages(recipe: Recipe, report: _Problems) -> None:
         if complete and ref not in (None, "base", "latest") and find_stage(ref, models) is None:
             names = ", ".join(["base", "latest", *(s.id for s in models)])
             report.add(("stages", i, "model"), f"no earlier training stage is called {ref!r}; use one of {names}")
+        if complete and hasattr(stage, "model_reads"):  # distill's teacher: an earlier training stage or a spec
+            try:
+                stage.model_reads(earlier)
+            except ValueError as e:
+                report.add(("stages", i, "teacher"), str(e))
         collects = [s for s in earlier if s.kind == "collect"]
         for j, data in enumerate(getattr(stage, "data", [])):
             if complete and find_stage(data, collects) is None and not _is_external_data(data, recipe.source):

@@ -270,6 +270,10 @@ class EpisodeRollouts:
                 out[f"reward_{name}"].append(value)
         return out
 
+    def batch_metrics(self) -> dict[str, float]:
+        """More entries for this batch's line of rollouts.jsonl (a subclass's: distillation's KL to the teacher)."""
+        return {}
+
     def _log(self, episodes, drawn, groups, replaced: int, left: int, wall_s: float) -> None:
         """One line of rollouts.jsonl. `success`, `progress`, `reward` and `turns` are the trained batch's (after
         dynamic sampling); `drawn_success` and `drawn_reward` those of the groups TRL's sampler drew, before any
@@ -300,6 +304,7 @@ class EpisodeRollouts:
             "zero_variance_groups": sum(c[1] for c in counts),
             "replaced_groups": sum(c[2] for c in counts),
             "wall_s": round(wall_s, 3),
+            **self.batch_metrics(),
         }
         with self.log_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")

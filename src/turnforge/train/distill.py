@@ -1,0 +1,249 @@
+"""On-policy distillation: the student plays its own episodes, a teacher scores every token it wrote, and the
+student learns the per-token reverse KL to the teacher on its own states.
+
+Read top to bottom, one call of `run_distill` does:
+  1. load the student and the teacher (`policies.teacher.make_teacher`: `hf:PATH` in-process, `vllm:PATH`,
+     `openai:URL` over vLLM's `prompt_logprobs`), and refuse a teacher whose tokenizer is not the student's;
+  2. build GRPO's trainer (`train.grpo`: TRL's `GRPOTrainer`, turnforge's rollout engine as its `rollout_func`);
+  3. each step, `DistillRollouts` plays `tasks_per_step x num_generations` episodes with the student (token-exact,
+     env tokens masked, as GRPO's), then sends each episode's tokens to the teacher, which returns the
+     log-probability of every token the student generated;
+  4. `DistillTrainer` sets each generated token's advantage to (`distill_advantages`)
+
+         A_t = kl_coef * (log p_teacher(x_t) - log p_student(x_t))  +  reward_weight * A_episode
+
+     where log p_student is the log-probability the student sampled x_t with, and A_episode is GRPO's
+     group-normalised env reward (0 by default: pure distillation). TRL's policy-gradient loss then minimises
+     -sum_t ratio_t * A_t: on-policy (ratio 1) its gradient is that of the reverse KL to the teacher on the
+     student's own states, estimated on the sampled tokens, and its value is the mean per-token reverse KL;
+  5. write `model/`, `metrics.jsonl` (TRL's logs) and `rollouts.jsonl`, whose `teacher_kl` is each batch's mean
+     of log p_student - log p_teacher over generated tokens: the KL curve of the report.
+
+How it departs from the papers: this is Thinking Machines' "On-Policy Distillation" (2025; tinker-cookbook's
+`distillation` recipe: reverse KL on sampled tokens as a per-token advantage under an importance-sampling
+loss), not GKD's full-vocabulary divergence (Agarwal et al., arXiv 2306.13649; TRL's `DistillationTrainer`):
+that needs the teacher's whole next-token distribution at every position, which a server teacher does not give
+(docs/decisions.md, "distill"). TRL's PPO clip applies; with one update per batch the ratio is 1 and it never
+clips. Episodes are grouped as GRPO's (TRL needs 2 or more per task); with `reward_weight` 0 the groups play
+no part.
+
+    turnforge run quickstart_distill --out runs/qsd      # its stage 06-distill
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from turnforge.eval.curves import quarter_means, read_points
+from turnforge.models import load_model
+from turnforge.policies.teacher import Teacher, token_logprobs
+from turnforge.rewards import COMPONENTS
+from turnforge.tiny_model import resolve_model
+from turnforge.train.grpo import component_reward, grpo_config, task_dataset
+from turnforge.train.grpo_rollouts import EpisodeRollouts
+from turnforge.train.grpo_trainer import EpisodeGRPOTrainer
+from turnforge.train.runtime import (
+    METRICS_FILE,
+    MetricsFileCallback,
+    resume_point,
+    save_trained,
+    training_dtype,
+)
+from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
+from turnforge.types import Task
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Settings
+
+
+class DistillSettings(GRPOSettings):
+    """GRPO's settings (the rollouts, the optimizer, LoRA, checkpoints) with distillation's weights and defaults."""
+
+    KIND: ClassVar[str] = "distill"
+
+    kl_coef: float = 1.0
+    """Weight of the per-token term log p_teacher - log p_student in each generated token's advantage."""
+    reward_weight: float = 0.0
+    """Weight of GRPO's episode advantage (the env reward under `rewards`, normalised in its group) added to it;
+    0 = pure distillation (the reward components are still logged)."""
+    tasks_per_step: int = 8
+    num_generations: int = 2
+    """Episodes per task; TRL groups them (at least 2). They matter only with `reward_weight` > 0."""
+    learning_rate: float = 1e-4
+    mask_truncated_completions: bool = False
+    """GRPO drops episodes cut by a token limit (their reward is unknown, DAPO); every token the student wrote,
+    cut or not, has the teacher's per-token signal, so distillation keeps them."""
+
+    def _checks(self) -> list[tuple[str, bool, str]]:
+        return [
+            *super()._checks(),
+            ("kl_coef", self.kl_coef >= 0, "0 or more"),
+            ("reward_weight", self.reward_weight >= 0, "0 or more"),
+            ("kl_coef", self.kl_coef > 0 or self.reward_weight > 0, "more than 0 when reward_weight is 0 (no loss)"),
+            ("step_advantage_weight", self.step_advantage_weight == 0, "0: distill gives every token its own term"),
+            ("dynamic_sampling", not self.dynamic_sampling, "false: every episode carries the teacher's signal"),
+        ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. The per-token advantage (the loss is TRL's)
+
+
+def distill_advantages(student_logps: torch.Tensor, teacher_logps: torch.Tensor, mask: torch.Tensor,
+                       kl_coef: float, episode_advantages: torch.Tensor | None = None,
+                       reward_weight: float = 0.0) -> torch.Tensor:
+    """(B, T) advantages: kl_coef x (teacher - student) on generated tokens (`mask` 1), 0 elsewhere, plus
+    reward_weight x each row's (B,) episode advantage.
+
+    >>> distill_advantages(torch.tensor([[-0.5, -1.0, -2.0]]), torch.tensor([[-0.25, -2.0, -1.0]]),
+    ...                    torch.tensor([[1, 1, 0]]), kl_coef=1.0)
+    tensor([[ 0.2500, -1.0000,  0.0000]])
+    """
+    advantages = kl_coef * (teacher_logps - student_logps) * mask
+    if episode_advantages is not None and reward_weight:
+        advantages = advantages + reward_weight * episode_advantages.unsqueeze(1)
+    return advantages
+
+
+def mean_reverse_kl(student_logps: Sequence[Sequence[float]], teacher_logps: Sequence[Sequence[float]],
+                    masks: Sequence[Sequence[int]]) -> float:
+    """The sampled-token estimate of the reverse KL per generated token: mean of student - teacher where mask is 1."""
+    total = count = 0.0
+    for s_row, t_row, m_row in zip(student_logps, teacher_logps, masks, strict=True):
+        for s, t, m in zip(s_row, t_row, m_row, strict=True):
+            total, count = total + m * (s - t), count + m
+    return total / count if count else 0.0
+
+
+def full_reverse_kl(student, teacher, sequences: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]) -> float:
+    """The exact reverse KL(student || teacher) over the whole vocabulary, averaged over the positions where
+    `masks` is 1 (a sequence's mask covers all its tokens): for measuring a fixed batch, not for training."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids, mask in zip(sequences, masks, strict=True):
+            x = torch.tensor([list(ids)])
+            s = torch.log_softmax(student(input_ids=x).logits[0, :-1].float(), -1)
+            t = torch.log_softmax(teacher(input_ids=x).logits[0, :-1].float(), -1)
+            kl = (s.exp() * (s - t)).sum(-1)  # position p - 1 predicts token p
+            where = torch.tensor(list(mask[1:]), dtype=torch.bool)
+            total, count = total + float(kl[where].sum()), count + int(where.sum())
+    return total / max(count, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. The rollouts: GRPO's, each episode scored by the teacher
+
+
+class DistillRollouts(EpisodeRollouts):
+    """GRPO's rollout function; after each batch the teacher scores the episodes' tokens (`teacher_logps`)."""
+
+    def __init__(self, *args, teacher: Teacher, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.teacher = teacher
+        self.student_logps: list[list[float]] | None = None
+        """The last batch's sampled log-probability of each completion token, in output order (0 on env tokens)."""
+        self.teacher_logps: list[list[float]] | None = None
+        """The teacher's log-probability of the same tokens (0 on env tokens)."""
+        self.teacher_kl: float | None = None
+
+    def _to_trl(self, episodes) -> dict[str, list]:
+        out = super()._to_trl(episodes)
+        sequences = [p + c for p, c in zip(out["prompt_ids"], out["completion_ids"], strict=True)]
+        scored = self.teacher.score(sequences, [len(p) for p in out["prompt_ids"]])
+        self.teacher_logps = [[t * m for t, m in zip(row, mask, strict=True)]
+                              for row, mask in zip(scored, out["env_mask"], strict=True)]
+        self.student_logps = out["logprobs"]
+        self.teacher_kl = mean_reverse_kl(self.student_logps, self.teacher_logps, out["env_mask"])
+        return out
+
+    def batch_metrics(self) -> dict[str, float]:
+        return {"teacher_kl": round(self.teacher_kl, 6)} if self.teacher_kl is not None else {}
+
+
+class DistillTrainer(EpisodeGRPOTrainer):
+    """GRPO's trainer whose advantages are distillation's per-token ones (`distill_advantages`)."""
+
+    def token_advantages(self, advantages, completion_ids):
+        rollouts: DistillRollouts = self.rollout_func
+        teacher, rollouts.teacher_logps = rollouts.teacher_logps, None
+        student, rollouts.student_logps = rollouts.student_logps, None
+        if teacher is None or student is None or len(teacher) != len(advantages):
+            raise RuntimeError(f"teacher scores for {0 if teacher is None else len(teacher)} episodes, TRL has "
+                               f"{len(advantages)}")
+        s = torch.zeros(completion_ids.shape, dtype=torch.float32, device=advantages.device)
+        t, mask = s.clone(), s.clone()
+        for row, (s_row, t_row) in enumerate(zip(student, teacher, strict=True)):
+            n = min(len(t_row), s.shape[1])
+            s[row, :n] = torch.tensor(s_row[:n])
+            t[row, :n] = torch.tensor(t_row[:n])
+            mask[row, :n] = 1.0
+        settings: DistillSettings = rollouts.settings
+        return distill_advantages(s, t, mask, settings.kl_coef, advantages, settings.reward_weight).to(advantages.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. The run
+
+
+def run_distill(
+    model: str,
+    teacher: Teacher,
+    env_name: str,
+    env_options: dict[str, Any],
+    tasks: list[Task],
+    out_dir: Path,
+    settings: DistillSettings,
+    adapter: str | None = None,
+) -> dict[str, Any]:
+    """Distill `teacher` into `model` on-policy on `tasks` of `env_name`; writes out_dir/model, metrics.jsonl,
+    rollouts.jsonl (with `teacher_kl` per batch)."""
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not tasks:
+        raise ValueError("distill: no training tasks (check the stage's split, tasks and filters)")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+    path = resolve_model(model, out_dir / "cache", [(env_name, env_options)])
+    lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu", adapter=adapter)
+    if adapter is not None:
+        lm = lm.merge_and_unload()
+    teacher.check_tokenizer(tokenizer)
+    rollouts = DistillRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE,
+                               teacher=teacher)
+    resume = resume_point(out_dir, also_reset=(ROLLOUTS_FILE,))
+    trainer = DistillTrainer(
+        model=lm,
+        reward_funcs=[component_reward(name) for name in COMPONENTS],
+        args=grpo_config(out_dir, settings),
+        train_dataset=task_dataset(env_name, env_options, tasks),
+        processing_class=tokenizer,
+        peft_config=settings.lora.to_peft() if settings.lora is not None else None,
+        rollout_func=rollouts,
+        callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
+    )
+    result = trainer.train(resume_from_checkpoint=resume)
+    save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
+    kl = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "teacher_kl")])
+    return {
+        "steps": int(result.global_step),
+        "train_loss": float(result.training_loss),
+        "episodes": rollouts.episodes,
+        "teacher": teacher.name,
+        # the per-token reverse KL to the teacher on the student's own episodes, first and last quarter of the batches
+        "teacher_kl_quarters": [round(v, 4) for v in kl] if kl else None,
+        "wall_s": round(time.perf_counter() - start, 3),
+    }
+
+
+__all__ = ["DistillRollouts", "DistillSettings", "DistillTrainer", "distill_advantages", "full_reverse_kl",
+           "mean_reverse_kl", "run_distill", "token_logprobs"]
