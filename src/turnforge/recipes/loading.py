@@ -17,12 +17,12 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from turnforge.envs.base import get_env_spec
 from turnforge.models.loading import LoraSpec
-from turnforge.recipes.recipe import Recipe, find_stage
+from turnforge.recipes.recipe import Recipe
 from turnforge.recipes.schema import EnvConfig, ModelConfig
 from turnforge.recipes.toml_text import Loc, key_line
 from turnforge.scale import ScaleConfig
 from turnforge.stages import stage_kind, stage_kinds
-from turnforge.stages.config import PlaysEnv, RolloutStage, TrainStage
+from turnforge.stages.config import PlaysEnv, RolloutStage, TrainStage, find_stage
 from turnforge.train.settings import SettingsError
 
 TOP_LEVEL_KEYS = ("name", "description", "model", "env", "scale", "stages")

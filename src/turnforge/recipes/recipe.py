@@ -12,7 +12,7 @@ from typing import Any
 from turnforge.recipes.schema import EnvConfig, ModelConfig
 from turnforge.recipes.toml_text import dump_toml
 from turnforge.scale import ScaleConfig
-from turnforge.stages.config import StageConfig, TrainStage
+from turnforge.stages.config import StageConfig, TrainStage, find_stage
 
 
 @dataclass
@@ -82,11 +82,3 @@ class Recipe:
     def to_toml(self) -> str:
         """The resolved recipe (every field written out), readable by `load_recipe` again."""
         return dump_toml(self.to_dict())
-
-
-def find_stage(ref: str, stages: list[StageConfig]) -> StageConfig | None:
-    by_id = [s for s in stages if s.id == ref]
-    by_name = [s for s in stages if s.name == ref]
-    if by_id:
-        return by_id[0]
-    return by_name[0] if len(by_name) == 1 else None

@@ -96,3 +96,12 @@ class TrainStage(StageConfig):
 
     model: str = "latest"
     """The model to train: "base", "latest" (the last training stage before this one, else base) or a stage."""
+
+
+def find_stage(ref: str, stages: list[StageConfig]) -> StageConfig | None:
+    """The stage `ref` names among `stages`: by id, else by name when one stage has it; None otherwise."""
+    by_id = [s for s in stages if s.id == ref]
+    by_name = [s for s in stages if s.name == ref]
+    if by_id:
+        return by_id[0]
+    return by_name[0] if len(by_name) == 1 else None

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from turnforge.policies import PolicySpec
-from turnforge.stages.config import STAGE_NAME, StageConfig, TrainStage
+from turnforge.stages.config import STAGE_NAME, StageConfig, TrainStage, find_stage
 from turnforge.stages.context import RunContext
 from turnforge.stages.grpo import TaskFilter, rl_outputs, select_tasks
 from turnforge.stages.registry import register_stage
@@ -50,8 +50,6 @@ class DistillStageConfig(TrainStage, TaskFilter, DistillSettings):
     def model_reads(self, earlier: list[StageConfig]) -> list[str]:
         """The ids of the earlier stages whose model this stage reads besides its own start model: the teacher's
         stage (none for a spec). The pipeline hashes them with this stage's inputs; the recipe loader checks them."""
-        from turnforge.recipes.recipe import find_stage  # the recipe module imports the stage kinds
-
         if _spec_kind(self.teacher) is not None:
             return []
         found = find_stage(self.teacher, [s for s in earlier if isinstance(s, TrainStage)])
