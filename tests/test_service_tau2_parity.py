@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from service_calls import ScriptedUserModel
+from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.service.env import GREETING, ServiceEnv
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -74,7 +75,7 @@ def test_a_telecom_episode_saved_without_the_users_device_calls_is_refused(tmp_p
 def _desk_env(**options) -> tuple[ServiceEnv, object]:
     from turnforge.envs.service.domain import load_domain
 
-    env = ServiceEnv(domain="desk", **options)
+    env = make_env("service", domain="desk", **options)
     task = load_domain("desk").to_task(next(iter(load_domain("desk").tasks)), "test")
     env.reset(task)
     return env, task
@@ -111,7 +112,7 @@ def test_a_user_without_tools_who_calls_one_is_told_so_and_goes_on():
     tools not available" for a domain without user tools: the user gets "Error: User tools not available" (a tool
     error) and the conversation goes on. Before: the markup reached the agent as the user's text."""
     call = render(Message("assistant", "", tool_calls=[ToolCall("check_status_bar", {})]))
-    env = ServiceEnv(domain="desk", user="hf:unused")
+    env = make_env("service", domain="desk", user="hf:unused")
     env.use_roles({"user": ScriptedUserModel(["I need help.", call, "My order is late."])})
     from turnforge.envs.service.domain import load_domain
 
@@ -146,9 +147,8 @@ def test_a_replayed_retail_user_tool_call_is_answered_and_the_replay_stays_in_st
 def test_a_saved_call_with_non_json_arguments_is_replayed_not_the_file_refused(tmp_path):
     """One call with non-JSON arguments used to refuse the whole file ("messages must be a list of ..."); it is
     replayed as written, and graded as tau2 grades it live (the conversation ends there, reward 0)."""
-    from turnforge.envs.service import load_service_tasks
 
-    task_id = load_service_tasks("test", domain="desk")[0].id
+    task_id = load_tasks("service", "test", domain="desk")[0].id
     bad = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_order", "arguments": "{'order_id': 1"}}]}
     line = {"task_id": task_id, "messages": [{"role": "assistant", "content": GREETING},

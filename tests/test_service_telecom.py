@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from service_calls import ScriptedUserModel, err, ok
+from turnforge.envs.base import make_env
 from turnforge.envs.service.domain import load_domain
-from turnforge.envs.service.env import ServiceEnv
 from turnforge.envs.service.users import SIMULATION_GUIDELINES_TOOLS, ModelUser
 from turnforge.formats import get_format
 from turnforge.policies.base import Generation
@@ -98,7 +98,7 @@ def test_initial_state_and_env_assertions(domain):
 
 
 def test_the_user_calls_its_own_tools_and_the_agent_sees_the_effect(domain):
-    env = ServiceEnv(domain="telecom", data_dir=str(DATA))
+    env = make_env("service", domain="telecom", data_dir=str(DATA))
     env.reset(domain.to_task(OVERDUE, "train"))
     seen = []
     while not any(c.name == "make_payment" for m in env.history if m.role == "user" for c in m.tool_calls or []):
@@ -112,7 +112,7 @@ def test_the_user_calls_its_own_tools_and_the_agent_sees_the_effect(domain):
 
 
 def test_the_expert_solves_train_tasks_and_a_wrong_refuel_fails(domain):
-    env = ServiceEnv(domain="telecom", data_dir=str(DATA))
+    env = make_env("service", domain="telecom", data_dir=str(DATA))
     for task_id in list(domain.tasks)[::6]:
         env.reset(domain.to_task(task_id, "train"))
         while env.termination is None:
@@ -135,7 +135,7 @@ def test_an_llm_user_gets_the_device_tools_and_their_results(domain):
     user = ModelUser(model, domain.tasks[OVERDUE]["user_scenario"], domain.kind.user.toolkit.schemas(),
                      get_format("tool_call"))
     assert user.system.startswith(SIMULATION_GUIDELINES_TOOLS)
-    env = ServiceEnv(domain="telecom", data_dir=str(DATA), user="hf:unused")
+    env = make_env("service", domain="telecom", data_dir=str(DATA), user="hf:unused")
     env.use_roles({"user": model})
     first = env.reset(domain.to_task(OVERDUE, "train"))
     assert first[-1].content == "My phone has no data."
@@ -199,7 +199,7 @@ def test_a_model_user_performs_the_device_actions_end_to_end(domain):
     envs, user = [], _DeviceUserModel()
 
     def env_factory():
-        envs.append(ServiceEnv(domain="telecom", data_dir=str(DATA), user="hf:served-by-the-role"))
+        envs.append(make_env("service", domain="telecom", data_dir=str(DATA), user="hf:served-by-the-role"))
         return envs[-1]
 
     [episode] = run_episodes(make_policy("expert"), env_factory, [domain.to_task(DATA_OFF, "train")], 1,

@@ -4,8 +4,7 @@ the faults in its details, and summary.json's per-domain counts over the failed 
 from __future__ import annotations
 
 from service_calls import ScriptedUserModel
-from turnforge.envs.base import load_tasks
-from turnforge.envs.service.env import ServiceEnv
+from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.service.metrics import service_metrics
 from turnforge.envs.service.user_faults import stated_facts, user_faults
 from turnforge.types import Message, Score, StopReason, ToolCall, Trajectory
@@ -70,7 +69,7 @@ def test_a_protocol_break_is_the_users():
 
 def test_the_env_records_the_faults_and_the_summary_counts_failed_episodes():
     task = load_tasks("service", "train", domain="desk")[0]
-    env = ServiceEnv(domain="desk", user="hf:unused")
+    env = make_env("service", domain="desk", user="hf:unused")
     env.use_roles({"user": ScriptedUserModel(["Hello, my email is nobody@nowhere.org. ###STOP###"])})
     env.reset(task)
     env.step(Message("assistant", "How can I help?"))
@@ -102,7 +101,7 @@ def test_a_model_user_env_without_its_role_says_so_in_one_line():
     """Before: KeyError 'user' from deep in reset (e.g. an env made to replay episodes, outside a rollout)."""
     import pytest
 
-    env = ServiceEnv(domain="desk", user="hf:somewhere")
+    env = make_env("service", domain="desk", user="hf:somewhere")
     with pytest.raises(ValueError, match="user='hf:somewhere' plays the user with a model, but no `user` role"):
         env.reset(load_tasks("service", "train", domain="desk")[0])
 
@@ -111,7 +110,7 @@ def test_with_a_judge_a_failure_no_rule_explains_is_reviewed():
     task = load_tasks("service", "train", domain="desk")[0]
 
     def failed_episode(judge_says):
-        env = ServiceEnv(domain="desk", user="hf:unused", judge="hf:unused-too")
+        env = make_env("service", domain="desk", user="hf:unused", judge="hf:unused-too")
         judge = ScriptedUserModel([judge_says])
         env.use_roles({"user": ScriptedUserModel(["Hello, I need some help with my appointment."]), "judge": judge})
         env.reset(task)

@@ -198,7 +198,7 @@ def env_corpus(env: str, env_options: dict[str, Any]) -> Iterator[str]:
             )
             yield text[0]
     if spec.vocabulary is not None:  # names no sampled episode showed still become whole tokens
-        yield "".join(f" {name}" for name in spec.vocabulary(env_options))
+        yield "".join(f" {name}" for name in spec.words(env_options))
 
 
 def _variants(spec: Any, env_options: dict[str, Any]) -> list[dict[str, Any]]:

@@ -132,7 +132,7 @@ class EnvSpec:
     env_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None
     """The benchmark's own summary figures (e.g. DBBench's overall_cat_accuracy): summary.json "env_metrics"."""
     model_roles: Callable[[dict[str, Any], str], dict[str, tuple[Any, dict[str, Any]]]] | None = None
-    """Model roles the env's options ask for (e.g. `user=hf:PATH`): (options, agent policy spec) -> {role:
+    """(Called through `roles`, with every option resolved.) Model roles the env's options ask for (e.g. `user=hf:PATH`): (options, agent policy spec) -> {role:
     (policy spec, or a ready scripted policy; sampling overrides)}. The eval runner builds the policies and
     passes them as `roles=` (rollouts_file.py `env_roles`); the env never builds a model."""
     role_options: tuple[str, ...] = ()
@@ -142,7 +142,7 @@ class EnvSpec:
     """(split, options) -> how many tasks the split has, when known without building them (generated splits): a
     count beyond it is refused before any task is built. Without it (or None) the loaded tasks are counted."""
     vocabulary: Callable[[dict[str, Any]], list[str]] | None = None
-    """Names the env's text can hold (e.g. household's "cabinet 7"), for its options: a tokenizer trained on the
+    """(Called through `words`, with every option resolved.) Names the env's text can hold (e.g. household's "cabinet 7"), for its options: a tokenizer trained on the
     env's text (the tiny model's, `tiny_model.py`) gets each as one token, also those no sample of episodes shows."""
     corpus_options: tuple[str, ...] = ()
     """The options that choose which text the env has (a domain, a data file, a format the defaults would not
@@ -167,6 +167,14 @@ class EnvSpec:
     def resolve(self, raw: dict[str, Any]) -> dict[str, Any]:
         """The options an env (or its tasks) is made with: every default, `raw` (checked and typed) on top."""
         return self.defaults() | self.coerce_options(raw)
+
+    def roles(self, raw: dict[str, Any], agent_spec: str = "") -> dict[str, tuple[Any, dict[str, Any]]]:
+        """The model roles these options ask for (`model_roles` on the resolved options); {} for an env without."""
+        return self.model_roles(self.resolve(raw), agent_spec) if self.model_roles is not None else {}
+
+    def words(self, raw: dict[str, Any]) -> list[str]:
+        """`vocabulary` of the resolved options; [] for an env without one."""
+        return self.vocabulary(self.resolve(raw)) if self.vocabulary is not None else []
 
 
 def _coerce(opt: EnvOption, value: Any, env: str) -> Any:

@@ -128,11 +128,11 @@ def _tool_env_options(env_name: str, options: dict[str, Any]) -> dict[str, Any]:
     options = spec.coerce_options(options)
     env = make_env(env_name, **options)
     if not env.format.uses_tools:
-        fmt = options.get("format") or next((o.default for o in spec.options if o.name == "format"), "")
+        fmt = spec.resolve(options).get("format", "")
         raise ValueError(f"env {env_name!r} (format {fmt}) acts by text, not tool calls, and TRL's environment_factory "
                          "offers tools only (the env's methods); use a tool format (format=tool_call where the env "
                          "has one) or turnforge's own GRPO stage (docs/decisions.md)")
-    roles = spec.model_roles(options, "") if spec.model_roles else {}
+    roles = spec.roles(options)
     if roles:
         raise ValueError(f"env {env_name!r} options ask for model roles ({', '.join(roles)}), which TRL's "
                          "environment_factory cannot give an env (it builds it with no arguments); use the scripted "

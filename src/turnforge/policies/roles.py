@@ -26,12 +26,9 @@ def env_roles(
     and the agent's device / dtype / batch size; a role the spec hands over ready-made (a replayed user) is
     used as it is.
     """
-    model_roles = get_env_spec(env).model_roles
-    if model_roles is None:
-        return {}
     shared = {k: v for k, v in (policy_options or {}).items() if k in ("device", "dtype", "batch_size")}
     roles = {}
-    for role, (spec, overrides) in model_roles(options, agent_spec).items():
+    for role, (spec, overrides) in get_env_spec(env).roles(options, agent_spec).items():
         in_process = isinstance(spec, str) and PolicySpec.parse(spec).kind in ("hf", "vllm")
         policy = make_policy(spec, seed=seed, **(shared if in_process else {})) if isinstance(spec, str) else spec
         roles[role] = Role(policy, params.replace(**overrides))

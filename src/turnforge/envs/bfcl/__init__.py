@@ -58,8 +58,7 @@ def vocabulary(options: dict) -> list[str]:
     """The function names of every BFCL class (`ls`, `get_stock_info`, `book_flight`...): the words of the tool
     schemas, whole tokens in a tokenizer trained on the env (the tiny model's), also those of classes that no
     sampled entry involves."""
-    version = options.get("version", PINNED_VERSION)
-    return sorted({doc["name"] for cls in FUNC_DOC_FILES for doc in function_docs(cls, version)})
+    return sorted({doc["name"] for cls in FUNC_DOC_FILES for doc in function_docs(cls, options["version"])})
 
 
 SPEC = register_env(

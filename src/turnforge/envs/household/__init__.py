@@ -37,8 +37,7 @@ def _make(**options) -> HouseholdEnv:
 
 
 def _vocabulary(options: dict) -> list[str]:
-    resolved = SPEC.resolve(options)
-    return entity_names(Knobs(receptacles=resolved["receptacles"], distractors=resolved["distractors"]))
+    return entity_names(Knobs(receptacles=options["receptacles"], distractors=options["distractors"]))
 
 
 SPEC = register_env(

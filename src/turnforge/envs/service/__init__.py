@@ -33,8 +33,8 @@ __all__ = ["ServiceEnv", "load_service_tasks", "service_metrics"]
 SPLITS = ("train", "test", "base")
 
 
-def load_service_tasks(split: str, limit: int | None = None, domain: str = "desk", data_dir: str = "",
-                       tasks: str = "", **_episode_options: Any) -> list[Task]:
+def load_service_tasks(split: str, limit: int | None = None, *, domain: str, data_dir: str, tasks: str,
+                       **_episode_options: Any) -> list[Task]:
     """The tasks of `split` in the domain's order."""
     loaded = load_domain(domain, data_dir, tasks)
     ids = loaded.split_ids(split)
@@ -47,19 +47,19 @@ def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tupl
     `user=replay` replays the user messages of the agent's own replay file (`--policy replay:FILE`).
     """
     roles: dict[str, tuple[Any, dict[str, Any]]] = {}
-    user = options.get("user", "scripted")
+    user = options["user"]
     if user == "replay":
         kind, _, path = agent_spec.partition(":")
         if kind != "replay" or not path:
             raise ValueError("--env-opt user=replay replays the conversations of --policy replay:FILE; give that policy")
-        domain = load_domain(options.get("domain", "desk"), options.get("data_dir", ""), options.get("tasks", ""))
+        domain = load_domain(options["domain"], options["data_dir"], options["tasks"])
         roles["user"] = (ReplayUserPolicy(path, dual_control=domain.kind.user is not None), {})
     elif user == "base":  # a recipe's stages resolve it (stages/context.py `RunContext.stage_env`)
         raise ValueError("user=base names a recipe's base model and works in a recipe's stages only; "
                          "here give the user's model as hf:PATH, vllm:PATH or openai:URL#MODEL")
     elif user not in SCRIPTED_USERS:  # (a bad spec fails in `policies.roles.env_roles`, before any episode)
-        roles["user"] = (user, {"temperature": options.get("user_temperature", 0.7)})
-    if options.get("judge"):
+        roles["user"] = (user, {"temperature": options["user_temperature"]})
+    if options["judge"]:
         roles["judge"] = (options["judge"], {"temperature": 0.0})
     return roles
 
@@ -67,7 +67,7 @@ def model_roles(options: dict[str, Any], agent_spec: str = "") -> dict[str, tupl
 def vocabulary(options: dict[str, Any]) -> list[str]:
     """The domain's tool names and its DB's field names (`get_order_details`, `payment_method_id`): the words
     of every tool schema and tool result, whole tokens in a tokenizer trained on the domain (the tiny model's)."""
-    domain = load_domain(options.get("domain", "desk"), options.get("data_dir", ""), options.get("tasks", ""))
+    domain = load_domain(options["domain"], options["data_dir"], options["tasks"])
     return sorted({*domain.tool_kinds(), *field_names(domain.kind.db_model)})
 
 

@@ -73,9 +73,9 @@ class ServiceEnv:
 
     name = "service"
 
-    def __init__(self, domain: str = "desk", data_dir: str = "", tasks: str = "", user: str = "scripted",
-                 user_temperature: float = 0.7, judge: str = "", max_steps: int = 100, max_errors: int = 10,
-                 format: str = "tool_call", on_bad_call: str = "end"):
+    def __init__(self, *, domain: str, data_dir: str, tasks: str, user: str, user_temperature: float, judge: str,
+                 max_steps: int, max_errors: int, format: str, on_bad_call: str):
+        # No defaults here: the family's EnvOptions hold them, and make_env passes every option resolved.
         self.domain: Domain = load_domain(domain, data_dir, tasks)
         self.format = PlainTextEndsTurn(get_format(format))
         if not self.format.uses_tools:

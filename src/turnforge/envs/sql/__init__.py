@@ -41,7 +41,7 @@ _CORPUS_OPTIONS = ("format",)
 
 def dbbench_vocabulary(options: dict) -> list[str]:
     """SQL keywords and every table and column name of the data file."""
-    tables = [Table.from_dict(t.data["table"]) for t in load_dbbench(options.get("data", ""), "test")]
+    tables = [Table.from_dict(t.data["table"]) for t in load_dbbench(options["data"], "test")]
     return [*SQL_KEYWORDS, *sorted({n for t in tables for n in (t.name, *t.columns)})]
 
 

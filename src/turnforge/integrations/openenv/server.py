@@ -60,7 +60,7 @@ class ServedEnv:
     def __init__(self, name: str, options: dict[str, Any], split: str):
         spec = get_env_spec(name)
         self.name, self.options, self.split = name, spec.coerce_options(options), split
-        roles = spec.model_roles(self.options, "") if spec.model_roles is not None else {}
+        roles = spec.roles(self.options)
         if roles:
             raise ValueError(f"env {name!r} with these options needs model role(s) {sorted(roles)}, which env serve does "
                              "not play: serve it with a scripted user (e.g. --env-opt user=scripted) and no judge")
