@@ -33,7 +33,6 @@ no part.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,20 +41,10 @@ from typing import Any, ClassVar
 import torch
 
 from turnforge.eval.curves import quarter_means, read_points
-from turnforge.models import load_model
 from turnforge.policies.teacher import Teacher, token_logprobs
-from turnforge.rewards import COMPONENTS
-from turnforge.tiny_model import resolve_model
-from turnforge.train.grpo import component_reward, grpo_config, task_dataset
+from turnforge.train.grpo import train_on_episodes
 from turnforge.train.grpo_rollouts import EpisodeRollouts
 from turnforge.train.grpo_trainer import EpisodeGRPOTrainer
-from turnforge.train.runtime import (
-    METRICS_FILE,
-    MetricsFileCallback,
-    resume_point,
-    save_trained,
-    training_dtype,
-)
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
 from turnforge.types import Task
 
@@ -209,30 +198,14 @@ def run_distill(
     rollouts.jsonl (with `teacher_kl` per batch)."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not tasks:
-        raise ValueError("distill: no training tasks (check the stage's split, tasks and filters)")
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
-    path = resolve_model(model, out_dir / "cache", [(env_name, env_options)])
-    lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu", adapter=adapter)
-    if adapter is not None:
-        lm = lm.merge_and_unload()
-    teacher.check_tokenizer(tokenizer)
-    rollouts = DistillRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE,
+
+    def rollouts_for(tokenizer: Any) -> DistillRollouts:
+        teacher.check_tokenizer(tokenizer)  # before any episode: a foreign tokenizer is one error
+        return DistillRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE,
                                teacher=teacher)
-    resume = resume_point(out_dir, also_reset=(ROLLOUTS_FILE,))
-    trainer = DistillTrainer(
-        model=lm,
-        reward_funcs=[component_reward(name) for name in COMPONENTS],
-        args=grpo_config(out_dir, settings),
-        train_dataset=task_dataset(env_name, env_options, tasks),
-        processing_class=tokenizer,
-        peft_config=settings.lora.to_peft() if settings.lora is not None else None,
-        rollout_func=rollouts,
-        callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
-    )
-    result = trainer.train(resume_from_checkpoint=resume)
-    save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
+
+    result, rollouts = train_on_episodes("distill", model, env_name, env_options, tasks, out_dir, settings, adapter,
+                                         DistillTrainer, rollouts_for)
     kl = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "teacher_kl")])
     return {
         "steps": int(result.global_step),

@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,17 +137,47 @@ def run_grpo(
     """Train `model` with GRPO on `tasks` of env `env_name`; writes out_dir/model, metrics.jsonl, rollouts.jsonl."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
+    trainer_class = StepCreditGRPOTrainer if settings.step_advantage_weight else EpisodeGRPOTrainer
+    result, rollouts = train_on_episodes(
+        "grpo", model, env_name, env_options, tasks, out_dir, settings, adapter, trainer_class,
+        lambda tokenizer: EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE),
+    )
+    drawn = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "drawn_reward")])
+    return {
+        "steps": int(result.global_step),
+        "train_loss": float(result.training_loss),
+        "episodes": rollouts.episodes,
+        # the reward of the tasks the steps drew (before dynamic sampling), first and last quarter of the batches
+        "drawn_reward_quarters": [round(v, 4) for v in drawn] if drawn else None,
+        "wall_s": round(time.perf_counter() - start, 3),
+    }
+
+
+def train_on_episodes(
+    kind: str,
+    model: str,
+    env_name: str,
+    env_options: dict[str, Any],
+    tasks: list[Task],
+    out_dir: Path,
+    settings: GRPOSettings,
+    adapter: str | None,
+    trainer_class: type[EpisodeGRPOTrainer],
+    make_rollouts: Callable[[Any], EpisodeRollouts],
+) -> tuple[Any, EpisodeRollouts]:
+    """What grpo and distill share: the start model, TRL's trainer with turnforge's episodes as its `rollout_func`
+    (`make_rollouts(tokenizer)`), training resumed from the last checkpoint, the model saved. Returns TRL's
+    train output and the rollouts."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if not tasks:
-        raise ValueError("grpo: no training tasks (check the stage's split, tasks and filters)")
+        raise ValueError(f"{kind}: no training tasks (check the stage's split, tasks and filters)")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
     path = resolve_model(model, out_dir / "cache", [(env_name, env_options)])
     lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu", adapter=adapter)
     if adapter is not None:
         lm = lm.merge_and_unload()  # a start model saved as an adapter: its weights become the policy's own
-    rollouts = EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE)
+    rollouts = make_rollouts(tokenizer)
     resume = resume_point(out_dir, also_reset=(ROLLOUTS_FILE,))
-    trainer_class = StepCreditGRPOTrainer if settings.step_advantage_weight else EpisodeGRPOTrainer
     trainer = trainer_class(
         model=lm,
         reward_funcs=[component_reward(name) for name in COMPONENTS],
@@ -159,12 +190,4 @@ def run_grpo(
     )
     result = trainer.train(resume_from_checkpoint=resume)
     save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
-    drawn = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "drawn_reward")])
-    return {
-        "steps": int(result.global_step),
-        "train_loss": float(result.training_loss),
-        "episodes": rollouts.episodes,
-        # the reward of the tasks the steps drew (before dynamic sampling), first and last quarter of the batches
-        "drawn_reward_quarters": [round(v, 4) for v in drawn] if drawn else None,
-        "wall_s": round(time.perf_counter() - start, 3),
-    }
+    return result, rollouts
