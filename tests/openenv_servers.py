@@ -6,7 +6,6 @@ Imported by tests/test_openenv_serve.py and tests/test_openenv_url.py after `pyt
 from __future__ import annotations
 
 import contextlib
-import time
 from pathlib import Path
 
 import pytest
@@ -59,21 +58,7 @@ def play(session, traj: Trajectory, as_messages: bool = False, options: dict | N
 @contextlib.contextmanager
 def serving(app):
     """An OpenEnv app (openenv's own server classes) on a free loopback port, in a thread."""
-    import threading
+    from turnforge.policies.serve import app_in_thread
 
-    import uvicorn
-
-    from turnforge.policies.serve import bind
-
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with app_in_thread(app) as url:
+        yield url

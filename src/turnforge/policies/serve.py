@@ -569,20 +569,29 @@ def running_server(served: ServedModel, host: str = "127.0.0.1", max_batch: int 
                    startup_timeout_s: float = 30.0) -> Iterator[str]:
     """`with running_server(served) as url:` a server on a free port in a thread of this process, shut down
     (and its batching worker stopped) at the end of the block. For tests and benchmarks."""
+    with app_in_thread(create_app(served, max_batch), host, "turnforge serve", startup_timeout_s) as base:
+        yield f"{base}/v1"
+
+
+@contextlib.contextmanager
+def app_in_thread(app: Any, host: str = "127.0.0.1", name: str = "server",
+                  startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """`with app_in_thread(app) as base_url:` an ASGI app under uvicorn on a free port of `host`, in a thread of this
+    process, stopped at the end of the block (`turnforge serve` and `env serve` in tests and benchmarks)."""
     import uvicorn
 
     sock = bind(host, 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(served, max_batch), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="turnforge-serve", daemon=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout_s
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError("turnforge serve did not start")
+            raise RuntimeError(f"{name} did not start")
         time.sleep(0.01)
     try:
-        yield f"http://{host}:{sock.getsockname()[1]}/v1"
+        yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -28,7 +28,6 @@ import functools
 import itertools
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
@@ -336,24 +335,8 @@ def running_server(name: str, options: dict[str, Any], split: str, max_sessions:
                    startup_timeout_s: float = 30.0) -> Iterator[str]:
     """`with running_server("household", {}, "test") as url:` a server on a free loopback port in a thread of this
     process, stopped at the end of the block. For tests and benchmarks."""
-    import uvicorn
-
-    from turnforge.policies.serve import bind
+    from turnforge.policies.serve import app_in_thread
 
     app = build_app(name, options, split, max_sessions)
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="turnforge-env-serve", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError("turnforge env serve did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with app_in_thread(app, "127.0.0.1", "turnforge env serve", startup_timeout_s) as url:
+        yield url
