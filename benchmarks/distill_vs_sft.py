@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import turnforge.recipes
-import turnforge.train.distill
 import turnforge.train.grpo
 import turnforge.train.sft
 from turnforge.pipeline import run_recipe
@@ -158,7 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     BudgetCallback.budget_s = args.budget_s
-    for module in (turnforge.train.sft, turnforge.train.grpo, turnforge.train.distill):
+    for module in (turnforge.train.sft, turnforge.train.grpo):  # distill trains through grpo's train_on_episodes
         module.MetricsFileCallback = BudgetCallback  # every trainer's callbacks = [MetricsFileCallback(path)]
     recipe = load_recipe(extend_recipe(args.out / "bench_recipe.toml", args), overrides=arms_recipe(args))
     summary = run_recipe(recipe, args.out)
