@@ -9,7 +9,6 @@ at the top, so a part that starts at all has imported what every row needs (the 
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import importlib.metadata
 import json
@@ -182,7 +181,7 @@ def sft_steps(args, work: Path, tuning: str, checkpointing: bool, setup_info: di
     model, tokenizer = load_model(work / "model", dtype=training_dtype(lora), device="cpu")  # as run_sft loads it
     dataset, counts = build_dataset([str(work / "sft_data.jsonl")], tokenizer, settings)
     per_example = counts.tokens / len(dataset)
-    settings = dataclasses.replace(settings, batch_size=max(1, round(SFT_ROWS_PER_STEP * args.seq_len / per_example)))
+    settings = settings.model_copy(update={"batch_size": max(1, round(SFT_ROWS_PER_STEP * args.seq_len / per_example))})
     reset_peak(args.device)
     trainer = build_trainer(model, tokenizer, dataset, work / "sft", settings)
     counter = CountingCollator(trainer.data_collator)
