@@ -67,7 +67,8 @@ def arms_recipe(args) -> list[str]:
     """`--set` overrides of quickstart_distill, then the arms and evaluations appended (by `extend_recipe`)."""
     return [f"stages.sft-teacher.max_steps={args.teacher_steps}", f"stages.sft-student.max_steps={args.student_steps}",
             f"stages.eval-teacher.tasks={args.eval_tasks}", f"stages.eval-student.tasks={args.eval_tasks}",
-            *(f"stages.eval-{m}.max_turns={args.eval_max_turns}" for m in ("teacher", "student") if args.eval_max_turns)]
+            *(f"stages.eval-{m}.max_turns={args.eval_max_turns}" for m in ("teacher", "student") if args.eval_max_turns),
+            *(f"stages.distill.{kv}" for kv in args.distill_set)]
 
 
 def extend_recipe(path: Path, args) -> Path:
@@ -152,6 +153,8 @@ def main() -> None:
     parser.add_argument("--eval-max-turns", type=int, default=None,
                         help="cap the evaluations' turns (the env's own limit, 30, when unset): cheaper, lower success")
     parser.add_argument("--distill-lr", type=float, default=1e-4)
+    parser.add_argument("--distill-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a distill-arm setting, e.g. divergence=gkd (repeatable)")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--grpo-lr", type=float, default=1e-4)
     args = parser.parse_args()

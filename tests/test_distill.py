@@ -68,6 +68,42 @@ def test_the_loss_on_three_hand_made_tokens_is_the_mean_reverse_kl(tiny_model_di
     assert loss.item() == pytest.approx(-3.25 / 3, abs=1e-6)
 
 
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_the_gkd_loss_is_the_kl_over_the_vocabulary_at_each_generated_position(
+        beta, tiny_model_dir, household_sft_model_dir, tmp_path):
+    """divergence "gkd": the loss is KL over the whole vocabulary — forward KL(teacher || student) at beta 0,
+    reverse KL(student || teacher) at beta 1 — summed over the positions whose next token the student generated,
+    over that count. Two rows (prompts of 3 and 2 tokens, TRL's left padding), the first row's middle completion
+    token an env token (tool_mask 0): 3 generated tokens; the expected value is computed here directly from each
+    model's logits on each unpadded sequence."""
+    settings = DistillSettings(steps=1, tasks_per_step=1, divergence="gkd", gkd_beta=beta)
+    trainer = _trainer(household_sft_model_dir, tmp_path, settings)
+    teacher, _ = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    trainer.rollout_func.teacher = HFTeacher(teacher, None)
+    trainer.model.eval()  # the normaliser is then the batch's token count (no accumulation)
+    inputs = {
+        "prompt_ids": torch.tensor([[5, 6, 7], [0, 11, 12]]), "prompt_mask": torch.tensor([[1, 1, 1], [0, 1, 1]]),
+        "completion_ids": torch.tensor([[8, 9, 10], [13, 0, 0]]), "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
+        "tool_mask": torch.tensor([[1, 0, 1], [1, 1, 1]]), "num_items_in_batch": torch.tensor(3.0),
+    }
+    expected = []
+    for ids, scored in (([5, 6, 7, 8, 9, 10], [3, 5]), ([11, 12, 13], [2])):  # index of each generated token
+        with torch.no_grad():
+            s = torch.log_softmax(trainer.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            t = torch.log_softmax(teacher(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        p, q = (t, s) if beta == 0 else (s, t)  # KL(p || q)
+        expected += [float((p[i - 1].exp() * (p[i - 1] - q[i - 1])).sum()) for i in scored]
+    assert trainer.compute_loss(trainer.model, inputs).item() == pytest.approx(sum(expected) / 3, rel=1e-4)
+
+
+def test_gkd_needs_a_teacher_in_this_process(tmp_path):
+    result = CliRunner().invoke(app, ["run", "quickstart_distill", "--out", str(tmp_path / "r"), "--check",
+                                      "--set", "stages.distill.divergence=gkd",
+                                      "--set", "stages.distill.teacher=openai:http://127.0.0.1:8000/v1"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "divergence \"gkd\" needs the teacher's whole next-token distribution" in result.output
+
+
 class _FixedTeacher:
     name = "fixed"
 
@@ -106,8 +142,9 @@ def _trainer(model_dir, out_dir, settings: DistillSettings) -> DistillTrainer:
 # Two steps on the tiny model
 
 
+@pytest.mark.parametrize("divergence", ["sampled", "gkd"])
 def test_two_distill_steps_change_the_parameters_and_lower_the_kl_on_a_fixed_batch(
-        tiny_model_dir, household_sft_model_dir, tmp_path):
+        divergence, tiny_model_dir, household_sft_model_dir, tmp_path):
     """Student: the tiny model after 20 SFT steps; teacher: the untrained tiny model (same tokenizer, a very
     different distribution: KL ~4.9 nats per token). The fixed batch: 8 episodes the student played before
     training; KL = the exact reverse KL over the vocabulary on their generated tokens, before and after 2 steps
@@ -119,7 +156,7 @@ def test_two_distill_steps_change_the_parameters_and_lower_the_kl_on_a_fixed_bat
     before = full_reverse_kl(student, teacher.model, sequences, masks)
 
     settings = DistillSettings(steps=2, tasks_per_step=2, num_generations=2, max_new_tokens=12, learning_rate=1e-3,
-                               logging_steps=1)
+                               logging_steps=1, divergence=divergence)
     tasks = load_tasks("household", "train", limit=4, **ENV_OPTIONS)
     result = run_distill(str(household_sft_model_dir), teacher, "household", ENV_OPTIONS, tasks, tmp_path, settings)
     assert result["steps"] == 2 and result["episodes"] == 8
@@ -133,8 +170,10 @@ def test_two_distill_steps_change_the_parameters_and_lower_the_kl_on_a_fixed_bat
     batches = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert len(batches) == 2 and all(b["teacher_kl"] > 0 for b in batches)
     logs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    # TRL's loss is the mean sampled reverse KL (one update per batch: ratio 1), the batch's teacher_kl
-    assert [round(row["loss"], 3) for row in logs] == [round(b["teacher_kl"], 3) for b in batches]
+    if divergence == "sampled":  # TRL's loss is the mean sampled reverse KL (one update a batch: ratio 1), teacher_kl
+        assert [round(row["loss"], 3) for row in logs] == [round(b["teacher_kl"], 3) for b in batches]
+    else:  # the mean forward KL over the vocabulary: positive, and not the sampled reverse estimate
+        assert all(row["loss"] > 0 for row in logs)
 
 
 def _fixed_batch(model, tokenizer) -> tuple[list[list[int]], list[list[int]]]:

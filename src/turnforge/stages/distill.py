@@ -17,7 +17,7 @@ it derives from it) with GRPO's task filter (`TaskFilter`), and is what the trai
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -35,6 +35,7 @@ class DistillStageConfig(TrainStage, TaskFilter, DistillSettings):
     """`kind = "distill"`: the student (`model`) plays, the teacher scores its tokens, loss = reverse KL per token."""
 
     kind: Literal["distill"] = "distill"
+    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"divergence", "gkd_beta"})
     name: str = Field(default="distill", pattern=STAGE_NAME)
     teacher: str = Field(min_length=1)
     """An earlier training stage of the recipe (its model, in-process), or a policy spec that scores tokens:
@@ -45,6 +46,10 @@ class DistillStageConfig(TrainStage, TaskFilter, DistillSettings):
         if _spec_kind(self.teacher) not in (None, *TEACHER_SPECS):
             raise ValueError(f"teacher {self.teacher!r}: a teacher scores tokens: an earlier training stage, "
                              "hf:PATH, vllm:PATH or openai:URL[#MODEL]")
+        if self.divergence == "gkd" and _spec_kind(self.teacher) in ("vllm", "openai"):
+            raise ValueError(f"teacher {self.teacher!r}: divergence \"gkd\" needs the teacher's whole next-token "
+                             "distribution, so a teacher in this process (an earlier stage or hf:PATH); "
+                             "use divergence = \"sampled\" with a server teacher")
         return self
 
     def model_reads(self, earlier: list[StageConfig]) -> list[str]:

@@ -19,13 +19,15 @@ Read top to bottom, one call of `run_distill` does:
   5. write `model/`, `metrics.jsonl` (TRL's logs) and `rollouts.jsonl`, whose `teacher_kl` is each batch's mean
      of log p_student - log p_teacher over generated tokens: the KL curve of the report.
 
-How it departs from the papers: this is Thinking Machines' "On-Policy Distillation" (2025; tinker-cookbook's
-`distillation` recipe: reverse KL on sampled tokens as a per-token advantage under an importance-sampling
-loss), not GKD's full-vocabulary divergence (Agarwal et al., arXiv 2306.13649; TRL's `DistillationTrainer`):
-that needs the teacher's whole next-token distribution at every position, which a server teacher does not give
-(docs/decisions.md, "distill"). TRL's PPO clip applies; with one update per batch the ratio is 1 and it never
-clips. Episodes are grouped as GRPO's (TRL needs 2 or more per task); with `reward_weight` 0 the groups play
-no part.
+Two divergences (`divergence`). "sampled" (the default, any teacher) is Thinking Machines' "On-Policy
+Distillation" (2025; tinker-cookbook's `distillation` recipe: reverse KL on sampled tokens as a per-token advantage
+under an importance-sampling loss), step 4 above. "gkd" is GKD's (Agarwal et al., arXiv 2306.13649): at every
+position whose next token the student generated, the generalized JSD between the two models' whole next-token
+distributions (`DistillTrainer.gkd_loss`, TRL's `GKDTrainer.generalized_jsd_loss`; `gkd_beta` 0 = forward KL,
+1 = reverse KL). It needs the teacher's full distribution, so a teacher in this process; a server gives the
+log-probability of the given tokens only (docs/decisions.md, "distill"). TRL's PPO clip applies to "sampled"; with
+one update per batch the ratio is 1 and it never clips. Episodes are grouped as GRPO's (TRL needs 2 or more per
+task); with `reward_weight` 0 the groups play no part.
 
     turnforge run quickstart_distill --out runs/qsd      # its stage 06-distill
 """
@@ -36,7 +38,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -44,7 +46,7 @@ from turnforge.eval.curves import quarter_means, read_points
 from turnforge.policies.teacher import Teacher, token_logprobs
 from turnforge.train.grpo import train_on_episodes
 from turnforge.train.grpo_rollouts import EpisodeRollouts
-from turnforge.train.grpo_trainer import EpisodeGRPOTrainer
+from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, real_spans
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
 from turnforge.types import Task
 
@@ -60,6 +62,14 @@ class DistillSettings(GRPOSettings):
 
     KIND: ClassVar[str] = "distill"
 
+    divergence: Literal["sampled", "gkd"] = "sampled"
+    """What the student minimises on its own episodes. "sampled": the reverse KL estimated on the tokens it sampled
+    (Thinking Machines' form; any teacher, servers included). "gkd": GKD's generalized Jensen-Shannon divergence over
+    the whole vocabulary at every generated position (TRL's `GKDTrainer.generalized_jsd_loss`; the teacher's full
+    next-token distribution, so an in-process teacher: an earlier stage or hf:PATH)."""
+    gkd_beta: float = 1.0
+    """GKD's beta (divergence "gkd"): 1 = reverse KL(student || teacher), the divergence "sampled" estimates, here
+    exact; 0 = forward KL(teacher || student); between = the generalized JSD."""
     kl_coef: float = 1.0
     """Weight of the per-token term log p_teacher - log p_student in each generated token's advantage."""
     reward_weight: float = 0.0
@@ -79,6 +89,9 @@ class DistillSettings(GRPOSettings):
             ("kl_coef", self.kl_coef >= 0, "0 or more"),
             ("reward_weight", self.reward_weight >= 0, "0 or more"),
             ("kl_coef", self.kl_coef > 0 or self.reward_weight > 0, "more than 0 when reward_weight is 0 (no loss)"),
+            ("gkd_beta", 0 <= self.gkd_beta <= 1, "in [0, 1]"),
+            ("reward_weight", self.divergence == "sampled" or self.reward_weight == 0,
+             "0 with divergence \"gkd\" (the env reward mixes into the sampled form's advantages only)"),
             ("step_advantage_weight", self.step_advantage_weight == 0, "0: distill gives every token its own term"),
             ("dynamic_sampling", not self.dynamic_sampling, "false: every episode carries the teacher's signal"),
         ]
@@ -179,6 +192,48 @@ class DistillTrainer(EpisodeGRPOTrainer):
         settings: DistillSettings = rollouts.settings
         return distill_advantages(s, t, mask, settings.kl_coef, advantages, settings.reward_weight).to(advantages.dtype)
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.rollout_func.settings.divergence == "sampled":
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return self.gkd_loss(model, inputs)
+
+    def gkd_loss(self, model, inputs) -> torch.Tensor:
+        """GKD's divergence between the student's and the teacher's next-token distributions at every position
+        whose next token the student generated (env tokens excluded), summed with TRL's `generalized_jsd_loss` and
+        normalised as TRL's dapo loss is (per token over the accumulation window). Rows run `ROWS_PER_CHUNK` at a
+        time, each moved to its row's start and right-padded (as `score_tokens`: no attention mask needed)."""
+        from trl.experimental.gkd import GKDTrainer
+
+        settings: DistillSettings = self.rollout_func.settings
+        teacher = self.rollout_func.teacher.model
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        generated = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        scored = torch.cat([torch.zeros_like(inputs["prompt_mask"]), generated], dim=1).bool()
+        spans = real_spans(torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1))
+        pad = self.processing_class.pad_token_id if self.processing_class.pad_token_id is not None else 0
+        order = sorted(range(len(spans)), key=lambda r: spans[r][1] - spans[r][0], reverse=True)
+        total = input_ids.new_zeros((), dtype=torch.float32)
+        for at in range(0, len(order), self.ROWS_PER_CHUNK):
+            chunk = order[at : at + self.ROWS_PER_CHUNK]
+            width = max(max(spans[r][1] - spans[r][0] for r in chunk), 2)
+            ids = input_ids.new_full((len(chunk), width), pad)
+            predicts = torch.zeros_like(ids, dtype=torch.bool)  # position t's output predicts a generated token t + 1
+            for k, r in enumerate(chunk):
+                start, end = spans[r]
+                ids[k, : end - start] = input_ids[r, start:end]
+                predicts[k, : end - start - 1] = scored[r, start + 1 : end]
+            with self.accelerator.autocast():
+                student = model(input_ids=ids).logits[predicts].float()
+            with torch.no_grad():
+                target = teacher(input_ids=ids.to(teacher.device)).logits[predicts.to(teacher.device)].float()
+            total = total + GKDTrainer.generalized_jsd_loss(student, target.to(student.device), beta=settings.gkd_beta,
+                                                            reduction="sum")
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if model.training:  # as TRL's: in eval the batch is neither split across steps nor accumulated
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return total / normalizer
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # 4. The run
@@ -198,6 +253,9 @@ def run_distill(
     rollouts.jsonl (with `teacher_kl` per batch)."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
+    if settings.divergence == "gkd" and not isinstance(getattr(teacher, "model", None), torch.nn.Module):
+        raise ValueError(f"teacher {teacher.name}: divergence \"gkd\" needs the teacher's whole next-token "
+                         "distribution, so a model in this process (hf:PATH or an earlier stage)")
 
     def rollouts_for(tokenizer: Any) -> DistillRollouts:
         teacher.check_tokenizer(tokenizer)  # before any episode: a foreign tokenizer is one error
