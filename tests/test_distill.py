@@ -102,6 +102,9 @@ def test_gkd_needs_a_teacher_in_this_process(tmp_path):
                                       "--set", "stages.distill.teacher=openai:http://127.0.0.1:8000/v1"])
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "divergence \"gkd\" needs the teacher's whole next-token distribution" in result.output
+    with pytest.raises(ValueError, match="divergence \"gkd\" needs the teacher's whole next-token distribution"):
+        run_distill("unused", OpenAITeacher("http://127.0.0.1:1/v1", "m"), "household", ENV_OPTIONS, [], tmp_path,
+                    DistillSettings(divergence="gkd"))
 
 
 class _FixedTeacher:
