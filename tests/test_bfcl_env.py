@@ -74,6 +74,8 @@ def test_asking_for_another_bfcl_eval_version_is_a_clear_error():
 
 def test_calls_run_on_the_real_classes_and_a_reply_without_calls_ends_the_turn():
     env = make_env("bfcl")
+    with pytest.raises(RuntimeError, match=r"call reset\(task\) before tools\(\)"):  # tools are per entry
+        env.tools()
     first = env.reset(_task("multi_turn_base_0"))
     assert [m.role for m in first] == ["system", "user"]
     assert {t["function"]["name"] for t in env.tools()} >= {"cd", "mkdir", "mv", "post_tweet"}

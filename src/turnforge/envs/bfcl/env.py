@@ -63,6 +63,7 @@ class BfclEnv:
     name = "bfcl"
 
     finished = True  # until reset
+    docs: list[dict] | None = None  # the entry's function docs: BFCL's tools are per entry, known at reset
 
     def __init__(
         self,
@@ -106,6 +107,8 @@ class BfclEnv:
     def tools(self) -> list[dict] | None:
         if not self.format.uses_tools:
             return None  # bfcl_python lists the docs in the system prompt, as BFCL's prompting mode does
+        if self.docs is None:
+            raise RuntimeError("bfcl's tools are those of each entry: call reset(task) before tools()")
         return [tool_schema(d) for d in self.docs]
 
     def step(self, reply: Message | FormatError) -> StepResult:
