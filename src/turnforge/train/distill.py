@@ -211,6 +211,8 @@ class DistillTrainer(EpisodeGRPOTrainer):
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         scored = torch.cat([torch.zeros_like(inputs["prompt_mask"]), generated], dim=1).bool()
         spans = real_spans(torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1))
+        if spans is None:  # TRL pads prompts on the left and completions on the right: one run per row
+            raise RuntimeError("distill gkd: a row's tokens are not one run (prompt and completion masks)")
         pad = self.processing_class.pad_token_id if self.processing_class.pad_token_id is not None else 0
         order = sorted(range(len(spans)), key=lambda r: spans[r][1] - spans[r][0], reverse=True)
         total = input_ids.new_zeros((), dtype=torch.float32)
