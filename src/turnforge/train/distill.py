@@ -46,7 +46,7 @@ from turnforge.eval.curves import quarter_means, read_points
 from turnforge.policies.teacher import Teacher, token_logprobs
 from turnforge.train.grpo import train_on_episodes
 from turnforge.train.grpo_rollouts import EpisodeRollouts
-from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, real_spans
+from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, real_spans, row_chunks
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
 from turnforge.types import Task
 
@@ -201,7 +201,7 @@ class DistillTrainer(EpisodeGRPOTrainer):
         """GKD's divergence between the student's and the teacher's next-token distributions at every position
         whose next token the student generated (env tokens excluded), summed with TRL's `generalized_jsd_loss` and
         normalised as TRL's dapo loss is (per token over the accumulation window). Rows run `ROWS_PER_CHUNK` at a
-        time, each moved to its row's start and right-padded (as `score_tokens`: no attention mask needed)."""
+        time, laid out as `score_tokens` lays them out (`row_chunks`)."""
         from trl.experimental.gkd import GKDTrainer
 
         settings: DistillSettings = self.rollout_func.settings
@@ -214,16 +214,11 @@ class DistillTrainer(EpisodeGRPOTrainer):
         if spans is None:  # TRL pads prompts on the left and completions on the right: one run per row
             raise RuntimeError("distill gkd: a row's tokens are not one run (prompt and completion masks)")
         pad = self.processing_class.pad_token_id if self.processing_class.pad_token_id is not None else 0
-        order = sorted(range(len(spans)), key=lambda r: spans[r][1] - spans[r][0], reverse=True)
         total = input_ids.new_zeros((), dtype=torch.float32)
-        for at in range(0, len(order), self.ROWS_PER_CHUNK):
-            chunk = order[at : at + self.ROWS_PER_CHUNK]
-            width = max(max(spans[r][1] - spans[r][0] for r in chunk), 2)
-            ids = input_ids.new_full((len(chunk), width), pad)
+        for chunk, ids in row_chunks(input_ids, dict(enumerate(spans)), self.ROWS_PER_CHUNK, pad):
             predicts = torch.zeros_like(ids, dtype=torch.bool)  # position t's output predicts a generated token t + 1
             for k, r in enumerate(chunk):
                 start, end = spans[r]
-                ids[k, : end - start] = input_ids[r, start:end]
                 predicts[k, : end - start - 1] = scored[r, start + 1 : end]
             with self.accelerator.autocast():
                 student = model(input_ids=ids).logits[predicts].float()

@@ -46,6 +46,23 @@ def prompt_groups(input_ids: torch.Tensor, spans: list[tuple[int, int]], first: 
     return [(rows, max(len(prompt) - 1, 0) // block * block if len(rows) > 1 else 0) for prompt, rows in groups.items()]
 
 
+def row_chunks(input_ids: torch.Tensor, runs: dict[int, tuple[int, int]], rows_per_chunk: int, pad: int,
+               multiple: int = 1):
+    """The rows `runs` names, longest first, `rows_per_chunk` at a time: yields (rows, ids), each row's run
+    input_ids[row, start:end] moved to the start of its line of `ids` and right-padded with `pad` to the chunk's
+    longest (at least 2), rounded up to `multiple`. Causal attention keeps right padding out of every real token's
+    view, so no attention mask is needed."""
+    order = sorted(runs, key=lambda r: runs[r][1] - runs[r][0], reverse=True)
+    for at in range(0, len(order), rows_per_chunk):
+        chunk = order[at : at + rows_per_chunk]
+        longest = max(max(runs[r][1] - runs[r][0] for r in chunk), 2)
+        ids = input_ids.new_full((len(chunk), -(-longest // multiple) * multiple), pad)
+        for k, r in enumerate(chunk):
+            start, end = runs[r]
+            ids[k, : end - start] = input_ids[r, start:end]
+        yield chunk, ids
+
+
 class EpisodeGRPOTrainer(GRPOTrainerHooks):
     """TRL's GRPOTrainer that scores each episode on its own tokens: TRL pads a batch's prompts on the left and its
     completions on the right to the batch's longest, and a multi-turn batch spans short successes and 30-turn
@@ -92,15 +109,11 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
                                    logits_to_keep=1).cache
             # per row: where its run starts (after the shared prompt), ends, and its first scored token
             extents = {r: (spans[r][0] + shared, spans[r][1], max(first, spans[r][0] + 1)) for r in group}
-            order = sorted(group, key=lambda r: extents[r][1] - extents[r][0], reverse=True)
-            for at in range(0, len(order), self.ROWS_PER_CHUNK):
-                chunk = order[at : at + self.ROWS_PER_CHUNK]
-                longest = max(max(extents[r][1] - extents[r][0] for r in chunk), 2)
-                ids = input_ids.new_full((len(chunk), -(-longest // multiple) * multiple), pad)
+            runs = {r: extents[r][:2] for r in group}
+            for chunk, ids in row_chunks(input_ids, runs, self.ROWS_PER_CHUNK, pad, multiple):
                 labels = torch.full_like(ids, -100)
                 for k, r in enumerate(chunk):
                     start, end, scored = extents[r]
-                    ids[k, : end - start] = input_ids[r, start:end]
                     labels[k, scored - start : end - start] = input_ids[r, scored:end]
                 cached = {}
                 if prefix is not None:
