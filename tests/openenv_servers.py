@@ -41,16 +41,24 @@ def replies(traj: Trajectory) -> list[str]:
     return [traj.messages[i].content for i in traj.reply_indices()]
 
 
-def play(session, traj: Trajectory, as_messages: bool = False, options: dict | None = None):
-    """Replay an episode's replies through a GenericEnvClient session, as raw text or as the parsed messages (the
-    env's format parses them here); the last step's result and the state."""
+def play(session, traj: Trajectory, how: str = "text", options: dict | None = None):
+    """Replay an episode's replies through a GenericEnvClient session; the last step's result and the state. `how`:
+    "text" (`{"text": reply}`), "stored" (`{"message": m}` with the assistant message as episodes.jsonl stores it: the
+    model's text, tool calls included, in `content`) or "parsed" (as turnforge's own client sends them: the env's
+    format parses here, a reply with calls goes as that message, any other as its text)."""
     first = session.reset(task_id=traj.task_id, sample=traj.sample)
     assert first.observation["messages"] == [m.to_dict() for m in traj.between_replies()[0]]
     assert first.observation["tools"] == traj.tools
-    env = make_env(traj.env, **(options or {})) if as_messages else None
-    for text in replies(traj):
-        parsed = env.format.parse(text) if env is not None else None
-        action = {"message": parsed.to_dict()} if parsed is not None and not hasattr(parsed, "reason") else {"text": text}
+    env = make_env(traj.env, **(options or {})) if how == "parsed" else None
+    for i in traj.reply_indices():
+        message = traj.messages[i]
+        action = {"text": message.content}
+        if how == "stored":
+            action = {"message": message.to_dict()}
+        elif env is not None:
+            parsed = env.format.parse(message.content)
+            if getattr(parsed, "tool_calls", None):
+                action = {"message": parsed.to_dict()}
         result = session.step(action)
     return result, session.state()
 

@@ -48,8 +48,8 @@ def retail_url():
 def test_reset_then_steps_as_text_and_as_messages_reach_the_experts_reward(env, options, fmt, tmp_path):
     _, episodes = expert_run(env, options, 4, tmp_path / "direct")
     with running_server(env, options, "test") as url, client(url) as session:
-        for traj, as_messages in zip(episodes, (False, True, False, True), strict=True):
-            result, state = play(session, traj, as_messages, options)
+        for traj, how in zip(episodes, ("text", "stored", "parsed", "stored"), strict=True):
+            result, state = play(session, traj, how, options)
             assert result.done and result.reward == traj.score.reward == 1.0
             assert state["score"]["success"] and state["task_id"] == traj.task_id and state["done"]
             assert state["step_count"] == len(traj.turns) and state["format"] == fmt
@@ -160,7 +160,7 @@ def test_retail_expert_episodes_replayed_through_generic_env_client_get_evals_re
     assert summary["n_episodes"] == len(episodes) > 0
     with client(retail_url) as session:
         for i, traj in enumerate(episodes):
-            result, state = play(session, traj, i % 2 == 1, RETAIL)
+            result, state = play(session, traj, ("text", "stored", "parsed")[i % 3], RETAIL)
             assert (result.done, result.reward, state["score"]["reward"]) == (True, traj.score.reward, traj.score.reward)
         run_eval("service", RETAIL, "random", "test", 10, 1, 0, tmp_path / "random")  # failures too
         lines = (tmp_path / "random" / "episodes.jsonl").read_text().splitlines()
@@ -168,6 +168,22 @@ def test_retail_expert_episodes_replayed_through_generic_env_client_get_evals_re
             _, state = play(session, traj)
             assert (state["score"]["success"], state["score"]["reward"]) == (traj.score.success, traj.score.reward)
         assert {Trajectory.from_json(line).score.reward for line in lines} >= {0.0}
+
+
+@needs_tau2
+def test_an_episodes_jsonl_message_is_read_as_the_text_it_holds(retail_url, tmp_path):
+    """Issue 53: an assistant message as episodes.jsonl stores it (the tool call written as the format's text in
+    `content`, no `tool_calls`) was applied as a message to the user, silently: the call never ran, the scripted user
+    confirmed each turn, reward 0. Now it is parsed by the env's format as `{"text": ...}` is: the same reward."""
+    _, episodes = expert_run("service", RETAIL, 3, tmp_path / "direct")
+    stored = [t.messages[i].to_dict() for t in episodes for i in t.reply_indices()]
+    assert any("<tool_call>" in m["content"] and not m.get("tool_calls") for m in stored)
+    with client(retail_url) as session:
+        for traj in episodes:
+            by_text, _ = play(session, traj, "text")
+            by_message, state = play(session, traj, "stored")
+            assert by_message.done and by_message.reward == by_text.reward == traj.score.reward == 1.0
+            assert state["score"]["success"]
 
 
 @needs_tau2

@@ -222,6 +222,19 @@ def test_openenv_url_that_does_not_answer_is_one_clear_error(tmp_path):
         run_eval("openenv:localhost:8001", {}, "random", "test", 1, 1, 0, tmp_path / "y")
 
 
+def test_a_server_at_capacity_says_to_lower_limit_open(tmp_path):
+    """Issue 53: more episodes open than the server's --max-sessions failed them with openenv's "Server at capacity",
+    which did not say what to change; a run at --limit-open within it is fine."""
+    from turnforge.rollout import RolloutLimits
+    from turnforge.rollouts_file import EnvErrors
+
+    with running_server("household", {}, "test", max_sessions=1) as url:
+        with pytest.raises(EnvErrors, match=r"Server at capacity: 1/1 sessions active.*lower --limit-open.*--max-sessions"):
+            run_eval(f"openenv:{url}", {}, "expert", "test", 4, 1, 0, tmp_path / "wide", limits=RolloutLimits(max_open=4))
+        assert run_eval(f"openenv:{url}", {}, "expert", "test", 4, 1, 0, tmp_path / "narrow",
+                        limits=RolloutLimits(max_open=1))["success"] == 1.0
+
+
 def test_collect_on_an_openenv_url_writes_training_data(tiny_model_dir, tmp_path):
     """A training-data path end to end on a remote env: a recipe's collect stage (the tiny hf model) on openenv:URL."""
     from rich.console import Console

@@ -7,9 +7,10 @@ Each env instance holds one WebSocket session (openenv's `GenericEnvClient`), so
 parallel sessions on the server; `close()` ends the session. Two kinds of servers:
 
 - `turnforge env serve` (its `/state` names the env and its format): the client parses replies with the server's
-  own format (so Turn records and format-error limits are a direct run's), steps with the parsed message (a parse
-  error is sent as `{"text": ...}`, for the env's own error observation), and scores with the server's `score`. A
-  round trip gives the direct env's episodes and scores.
+  own format (so Turn records and format-error limits are a direct run's), steps with the parsed reply (its calls
+  as `{"message": ...}`; a reply without calls, or a parse error, as `{"text": ...}`, which the server's format
+  parses back into it), and scores with the server's `score`. A round trip gives the direct env's episodes and
+  scores.
 - any other OpenEnv server: tasks come from OpenEnv's Task API (`reset(split=, index=)`), else are `seeds`
   episodes `reset(seed=0..N-1)`. Actions: an MCP env (action `CallToolAction`) offers its tools (`list_tools`) and
   each tool call is a `call_tool` step; another structured action is ONE tool whose parameters are the action's
@@ -136,7 +137,15 @@ class OpenEnvEnv:
     def reset(self, task: Task) -> list[Message]:
         if self.client is None:
             self.client = GenericEnvClient(base_url=self.url, message_timeout_s=self.timeout_s).sync()
-        result = self.client.reset(**task.data["reset"])
+        try:
+            result = self.client.reset(**task.data["reset"])
+        except RuntimeError as e:  # openenv's client: "Server error: Server at capacity: 2/2 sessions ... (code: ...)"
+            if "CAPACITY_REACHED" not in str(e):
+                raise
+            raise RuntimeError(
+                f"the OpenEnv server at {self.url} refused a session: {_server_message(e)}; this run opens more "
+                "episodes at once than it serves: lower --limit-open (a recipe stage: batch_size) to at most its "
+                "--max-sessions, or serve it with a larger --max-sessions") from None
         self.total, self.done = float(result.reward or 0.0), result.done
         if self.facts.turnforge:
             self._tools = result.observation.get("tools")
@@ -150,8 +159,7 @@ class OpenEnvEnv:
 
     def step(self, reply: Message | FormatError) -> StepResult:
         if self.facts.turnforge:
-            action = {"text": reply.text} if isinstance(reply, FormatError) else {"message": reply.to_dict()}
-            result = self.client.step(action)
+            result = self.client.step(self._turnforge_action(reply))
             self.done = result.done
             info = dict(result.observation.get("metadata") or {})  # the env's step info (server.py `step_info`)
             stop = info.pop("stop", None)
@@ -159,6 +167,17 @@ class OpenEnvEnv:
             return StepResult(messages, float(result.reward or 0.0), result.done, StopReason(stop) if stop else None,
                               info)
         return self._foreign_step(reply)
+
+    def _turnforge_action(self, reply: Message | FormatError) -> dict[str, Any]:
+        """The step that makes `turnforge env serve` apply `reply`: its calls as a message; a reply without calls
+        (a text action, an answer) as the format's text, which the server parses back into it (`parse(render(m))
+        == m`): the server reads a message without calls as what the model wrote (integrations/openenv/models.py);
+        a parse error as the text that failed, for the env's own error observation."""
+        if isinstance(reply, FormatError):
+            return {"text": reply.text}
+        if reply.tool_calls:
+            return {"message": reply.to_dict()}
+        return {"text": self.format.render(reply)}
 
     def score(self) -> Score:
         if self.facts.turnforge:
@@ -265,6 +284,12 @@ def _string_fields(schema: dict[str, Any]) -> list[str]:
 
 def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+def _server_message(error: RuntimeError) -> str:
+    """openenv's "Server error: MESSAGE (code: CODE)" as MESSAGE, without its trailing period."""
+    text = str(error).removeprefix("Server error: ")
+    return text.rpartition(" (code: ")[0].strip().rstrip(".") or text
 
 
 def observation_text(observation: dict[str, Any]) -> str:

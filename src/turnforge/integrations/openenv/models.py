@@ -4,7 +4,10 @@ They are OpenEnv's own pydantic bases (`Action`, `Observation`, `State`) with tu
 `GenericEnvClient` (plain dicts) and any typed client read them, and `/schema` publishes them.
 
 An action is exactly one of:
-    {"message": {"role": "assistant", "content": ..., "tool_calls": [...]}}   a reply as episodes store it
+    {"message": {"role": "assistant", "content": ..., "tool_calls": [...]}}   a reply with its calls, applied as it is
+    {"message": {"role": "assistant", "content": "..."}}                       without calls: the content is parsed
+                                                                              by the env's format, as {"text": ...}
+                                                                              (episodes.jsonl's replies replay as run)
     {"text": "..."}                                                           a raw model reply, parsed by the env's format
     {"type": "call_tool", "tool_name": ..., "arguments": {...}}               one tool call (OpenEnv's MCP action, RFC 003)
     {"type": "list_tools"}                                                    the env's tools (OpenEnv's MCP action)
@@ -28,7 +31,8 @@ class TurnforgeAction(Action):
     # as a bare "Invalid message", without saying which key was wrong.
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
-    message: dict[str, Any] | None = Field(default=None, description="An assistant message in OpenAI chat shape.")
+    message: dict[str, Any] | None = Field(default=None, description="An assistant message in OpenAI chat shape; "
+                                           "without tool_calls, its content is parsed by the env's format as text.")
     text: str | None = Field(default=None, description="A raw model reply, parsed by the env's format.")
     type: Literal["list_tools", "call_tool", "expert"] | None = Field(
         default=None, description="OpenEnv's MCP actions; expert: the expert's next reply (the episode does not move).")

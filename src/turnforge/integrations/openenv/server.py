@@ -245,7 +245,13 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
                 raise ValueError("call_tool needs a tool_name (list_tools names them)")
             call = ToolCall(action.tool_name, action.arguments, id=f"call_{self.steps}")
             return Message("assistant", "", tool_calls=[call])
-        return _assistant_message(action.message)
+        message = _assistant_message(action.message)
+        if not message.tool_calls:
+            # No calls given: the content is what the model wrote, as turnforge's episodes.jsonl stores every reply
+            # (tool calls included, as the format's text). Parsed exactly as {"text": ...} is, so that replaying a
+            # run's messages gives its rewards; taken as it is, a `<tool_call>` in it was a message to the user.
+            return self.env.format.parse(message.content)
+        return message
 
     def _expert_reply(self) -> TurnforgeObservation:
         """What the env's scripted expert would reply now (and the thought it gives), without taking it: the
