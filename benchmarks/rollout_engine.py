@@ -188,7 +188,7 @@ def scenario_c(model: str, n_tasks: int, max_turns: int) -> dict:
     user_params = SamplingParams(temperature=0.0, max_new_tokens=16)
     limits = RolloutLimits(max_turns=max_turns, max_format_errors=None, max_open=n_tasks)
     agent = HFPolicy(model, device="cpu", dtype="float32", batch_size=n_tasks)
-    user = HFPolicy(model, device="cpu", dtype="float32", batch_size=n_tasks, prefix_cache=False)
+    user = HFPolicy(model, device="cpu", dtype="float32", batch_size=n_tasks, prefix_sharing=False)
     direct = partial(OwnerHousehold, direct_user=user, user_params=user_params)
     lock, s_lock = _timed(lambda: lockstep_episodes(agent, direct, tasks, 1, limits, params, agent.renderer))
     stats: dict[str, RoleStats] = {}

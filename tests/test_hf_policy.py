@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from functools import partial
-from unittest import mock
 
 import pytest
 import torch
@@ -16,7 +13,6 @@ from turnforge.formats.chat_template import window_messages
 from turnforge.policies import make_policy
 from turnforge.policies.base import Prompt, SamplingParams, explores
 from turnforge.policies.hf import HFPolicy, cut_generation
-from turnforge.policies.prefix_cache import PrefixCache
 from turnforge.rollout import RolloutLimits, run_episodes
 
 
@@ -185,190 +181,85 @@ def test_make_policy_hf_and_bad_params(tiny_model_dir, policy, tasks):
     assert policy.generate([prompt], greedy)[0].ids == policy.generate([Prompt(**{**vars(prompt), "ids": None})], greedy)[0].ids
 
 
-def _counted_store(cache: PrefixCache, held: list[int], key, entry) -> None:
-    PrefixCache.store(cache, key, entry)
-    held.append(len(cache.entries))
-
-
-def test_prefix_cache_gives_the_same_episodes_and_forgets_closed_ones(tiny_model_dir):
-    """Reusing each episode's keys/values between turns changes nothing but the time: same ids, same log-probs
-    (within float noise), across chunked batches; the entries of finished episodes are dropped."""
+def test_prefix_sharing_gives_the_same_episodes_and_skips_the_shared_prefill(tiny_model_dir):
+    """An episode's turn k reuses the KV blocks its earlier turns filled (the engine's block sharing): the same ids
+    and log-probs as without sharing, and fewer tokens run. Without sharing the model runs every prompt token and
+    every generated token but each reply's last (it is the next step's input only while the reply goes on)."""
     tasks = load_tasks("household", "train", limit=6)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    runs = {}
-    for cached in (True, False):
-        policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4, prefix_cache=cached)
+    runs, ran = {}, {}
+    for sharing in (True, False):
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4, prefix_sharing=sharing)
         limits = RolloutLimits(max_turns=4, max_format_errors=None, max_open=5)
-        held = []  # entries held after each store: at most one per open episode
-        if cached:
-            policy.prefix_cache.store = partial(_counted_store, policy.prefix_cache, held)
-        runs[cached] = run_episodes(policy, lambda: make_env("household", max_steps=4), tasks, 1, limits, params,
-                                      renderer=policy.renderer)
-        if cached:  # used while episodes ran; each dropped when its episode ended (the rollout releases it)
-            assert held and max(held) <= limits.max_open
-            assert policy.prefix_cache.entries == {}
-            policy.generate(prompts_of(policy, load_tasks("household", "test", limit=1)), params)
-            assert list(policy.prefix_cache.entries) == [("test-00000", 0)]
-            policy.release([("test-00000", 0)])
-            assert policy.prefix_cache.entries == {}
-    for with_cache, without in zip(runs[True], runs[False], strict=True):
-        assert len(with_cache.turns) == len(without.turns) == 4
-        for a, b in zip(with_cache.turns, without.turns, strict=True):
+        runs[sharing] = run_episodes(policy, lambda: make_env("household", max_steps=4), tasks, 1, limits, params,
+                                     renderer=policy.renderer)
+        engine = policy.engine
+        replies = sum(len(t.turns) for t in runs[sharing])
+        ran[sharing] = (engine.forward_tokens, engine.submitted + engine.generated - replies)
+        policy.close()
+    assert ran[False][0] == ran[False][1]  # no sharing: every token the formula counts, once
+    saved = ran[True][1] - ran[True][0]
+    later_prompts = sum(len(t.prompt_ids) for traj in runs[True] for t in traj.turns[1:])
+    assert saved > 0.5 * later_prompts  # most of each later turn's prompt came from shared blocks
+    for shared, alone in zip(runs[True], runs[False], strict=True):
+        assert len(shared.turns) == len(alone.turns) == 4
+        for a, b in zip(shared.turns, alone.turns, strict=True):
             assert a.generated_ids == b.generated_ids
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def test_prefix_cache_is_used_only_for_a_proper_prefix():
-    from turnforge.policies.prefix_cache import Entry, PrefixCache, batch_layout
+def test_a_short_reply_is_handed_back_while_a_long_one_goes_on(policy, tasks):
+    """Each reply is its own engine request: one of 2 tokens comes back while one of 60 is still generating."""
+    from turnforge.policies.engine import Reply
 
-    cache = PrefixCache()
-    cache.store("ep", Entry([5, 6, 7], [(torch.zeros(1, 3, 2), torch.zeros(1, 3, 2))]))
-    assert cache.cached_length("ep", [5, 6, 7, 8]) == 3
-    assert cache.cached_length("ep", [5, 6, 7]) == 0  # nothing new to feed
-    assert cache.cached_length("ep", [5, 9, 7, 8]) == 0  # re-rendered (a history window)
-    ids, mask, width_cached, width_suffix = batch_layout([[5, 6, 7, 8], [1, 2]], [3, 0], pad=0)
-    assert (width_cached, width_suffix) == (3, 2)
-    assert ids.tolist() == [[5, 6, 7, 0, 8], [0, 0, 0, 1, 2]]
-    assert mask.tolist() == [[1, 1, 1, 0, 1], [0, 0, 0, 1, 1]]
-    small = PrefixCache(max_bytes=10)
-    small.store("ep", Entry([1], [(torch.zeros(4), torch.zeros(4))]))  # 32 bytes: over budget, not kept
-    assert small.entries == {} and small.held == 0
-    budget = PrefixCache(max_bytes=60)  # the bytes held are counted as entries come, are replaced and go
-    for key, n in (("a", 2), ("b", 3), ("a", 4), ("c", 2)):  # 16, 24, then a's 16 replaced by 32; c's 16 is over
-        budget.store(key, Entry([1], [(torch.zeros(n), torch.zeros(n))]))
-    assert set(budget.entries) == {"a", "b"} and budget.held == 56
-    budget.forget(["a", "zz"])
-    budget.store("c", Entry([1], [(torch.zeros(2), torch.zeros(2))]))
-    assert set(budget.entries) == {"b", "c"} and budget.held == 40 == sum(e.nbytes for e in budget.entries.values())
+    [first, second] = prompts_of(policy, tasks[:2])
+    greedy = lambda: Reply(0.0, 0, 1.0, seed=0, sampled=False)  # noqa: E731
+    engine = policy.engine
+    long = engine.submit(first.ids, 60, greedy())
+    short = engine.submit(second.ids, 2, greedy())
+    assert len(short.result(timeout=60).ids) <= 2
+    assert not long.done()
+    assert len(long.result(timeout=120).ids) > 2
 
 
-def test_reserved_cache_layer_matches_transformers_dynamic_cache(policy):
-    """Keys/values written in place into a reserved buffer give the logits of transformers' own DynamicCache,
-    also when a call outgrows the reserve (the buffer doubles), and the cache reports its true length."""
-    from transformers import DynamicCache
-
-    from turnforge.policies.prefix_cache import reserved_cache
-
-    torch.manual_seed(0)
-    ids = torch.randint(0, policy.model.config.vocab_size - 30, (2, 23))
-    outs = {}
-    for name, cache in (("dynamic", DynamicCache(config=policy.model.config)),
-                        ("reserved", reserved_cache(policy.model.config, reserve=4))):
-        logits = []
+def test_greedy_replies_are_transformers_generate_s(policy, tasks):
+    """Greedy ids equal plain `model.generate` on each prompt alone (no engine, no padding), up to the first stop."""
+    prompts = prompts_of(policy, tasks)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    for prompt, gen in zip(prompts, policy.generate(prompts, params), strict=True):
         with torch.no_grad():
-            for start, end in ((0, 9), (9, 10), (10, 11), (11, 23)):  # a prefill, two decode steps, a long chunk
-                out = policy.model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
-                logits.append(out.logits)
-        assert cache.get_seq_length() == 23
-        outs[name] = torch.cat(logits, dim=1)
-    assert torch.allclose(outs["dynamic"], outs["reserved"], atol=1e-5)
-    layer = reserved_cache(policy.model.config, reserve=4).layers[0]
-    with pytest.raises(NotImplementedError, match="only grows"):
-        layer.crop(-1)
+            out = policy.model.generate(torch.tensor([prompt.ids]), max_new_tokens=12, do_sample=False,
+                                        eos_token_id=policy.stop_ids, pad_token_id=policy.tokenizer.pad_token_id)
+        assert gen.ids == out[0, len(prompt.ids):].tolist()[: len(gen.ids)]
 
 
-def test_row_sampler_draws_from_the_softmax_of_the_scores():
-    """Gumbel-max per row: argmax(scores + noise) over 4,000 rows follows softmax(scores) = (0.7, 0.2, 0.1, 0);
-    a -inf score (cut by top-k / top-p) is never drawn."""
-    from turnforge.policies.hf import RowSampler
+def test_turn_sampling_draws_from_the_softmax_of_the_scores():
+    """Gumbel-max per reply: the argmax of what `TurnSampling` returns over 4,000 replies follows
+    softmax(scores) = (0.7, 0.2, 0.1, 0); a -inf score (cut by top-k / top-p) is never drawn; the recorded
+    log-probability is the chosen token's log_softmax."""
+    from turnforge.policies.engine import Reply, TurnSampling
 
+    sampling = TurnSampling()
     scores = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0]])).repeat(4000, 1)
-    drawn = RowSampler(list(range(4000)))(None, scores).argmax(dim=1)
+    sampling.replies = {f"r{i}": Reply(1.0, 0, 1.0, seed=i, sampled=True) for i in range(4000)}
+    sampling._rows = list(sampling.replies)
+    drawn = sampling(scores, torch.zeros(4000, dtype=torch.int32)).argmax(dim=1)
     share = torch.bincount(drawn, minlength=4).float() / 4000
     assert share.tolist() == pytest.approx([0.7, 0.2, 0.1, 0.0], abs=0.025)
+    recorded = [sampling.replies[f"r{i}"].logprobs[0] for i in range(4000)]
+    assert recorded == pytest.approx(torch.log(torch.tensor([0.7, 0.2, 0.1]))[drawn].tolist(), abs=1e-6)
 
 
-def test_fresh_prompts_run_apart_from_episodes_that_go_on_from_their_cache(tiny_model_dir):
-    """Episodes end at different turns (a token cap), so new ones join old ones mid-rollout: a `generate` call then
-    holds prompts encoded afresh and prompts extending a cached prefix, and runs them as separate batches (one
-    batch would pad every row to a fresh prompt's length). The episodes equal those of one prompt per batch."""
-    tasks = load_tasks("household", "train", limit=8)
-    params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    limits = RolloutLimits(max_turns=6, max_format_errors=None, max_open=4, max_total_tokens=330)
-    runs, mixed_calls, batches = {}, [], []
-    for batch_size in (64, 1):
-        policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=batch_size)
-        generate_batch = policy._generate_batch
+def test_the_engine_internals_turnforge_touches_are_there_or_it_says_so():
+    """`_install_sampling` is the one place that reaches into transformers' manager: the installed release is one
+    it was verified with, and a manager without the list it replaces is refused by name."""
+    import transformers
 
-        def spy(prompts, params, keys, seeds, cached, sampled, policy=policy, generate_batch=generate_batch):
-            batches.append({policy.prefix_cache.cached_length(k, p) > 0 for k, p in zip(keys, prompts, strict=True)})
-            return generate_batch(prompts, params, keys, seeds, cached, sampled)
+    from turnforge.policies.engine import VERIFIED_TRANSFORMERS, _install_sampling
 
-        def generate(prompts, params, policy=policy, generate=policy.generate):
-            fresh = {policy.prefix_cache.cached_length((p.task.id, p.sample), p.ids) == 0 for p in prompts}
-            mixed_calls.append(len(fresh) == 2)
-            return generate(prompts, params)
-
-        policy._generate_batch, policy.generate = spy, generate
-        runs[batch_size] = run_episodes(policy, lambda: make_env("household"), tasks, 1, limits, params,
-                                        renderer=policy.renderer)
-    assert any(mixed_calls), "some call must hold both fresh and cached prompts"
-    assert all(len(kinds) == 1 for kinds in batches)  # no batch mixes them
-    assert len({len(t.turns) for t in runs[64]}) > 1
-    for grouped, alone in zip(runs[64], runs[1], strict=True):
-        assert [t.generated_ids for t in grouped.turns] == [t.generated_ids for t in alone.turns]
-
-
-def test_grouped_heads_in_sdpa_give_transformers_attention_and_the_same_episodes(tiny_model_dir):
-    """`cpu_gqa`: several new tokens over a cached, left-padded prefix (a turn's prompt) give the logits of
-    transformers' SDPA attention (which copies each key/value head per query head), decoding steps are
-    transformers' own, the same greedy episodes come out, and the model's attention setting is restored."""
-    from turnforge.models.attention import NAME, cpu_gqa
-    from turnforge.policies.prefix_cache import reserved_cache
-
-    policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4)
-    model = policy.model
-    assert model.config.num_attention_heads > model.config.num_key_value_heads  # grouped heads: the case at stake
-    torch.manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size - 30, (3, 40))
-    mask = torch.ones_like(ids)
-    mask[0, :7], mask[1, :3], mask[2, 20:24] = 0, 0, 0  # left padding, and a pad run between cached part and suffix
-    outs = {}
-    for way in ("transformers", "grouped"):
-        cache = reserved_cache(model.config, reserve=8)
-        context = cpu_gqa(model) if way == "grouped" else contextlib.nullcontext()
-        with torch.no_grad(), context:
-            assert model.config._attn_implementation == (NAME if way == "grouped" else "sdpa")
-            first = model(input_ids=ids[:, :24], attention_mask=mask[:, :24], past_key_values=cache, use_cache=True)
-            second = model(input_ids=ids[:, 24:], attention_mask=mask, past_key_values=cache, use_cache=True)
-        outs[way] = torch.cat([first.logits, second.logits], dim=1)
-        assert model.config._attn_implementation == "sdpa"
-    real = mask.bool()
-    assert torch.allclose(outs["grouped"][real], outs["transformers"][real], atol=1e-5)
-
-    tasks = load_tasks("household", "test", limit=5)
-    params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    episodes = {}
-    for way in ("transformers", "grouped"):
-        with mock.patch("turnforge.policies.hf.cpu_gqa", lambda m: contextlib.nullcontext()) if way == "transformers" \
-                else contextlib.nullcontext():
-            trajs = run_episodes(policy, lambda: make_env("household", max_steps=4), tasks, 1,
-                                 RolloutLimits(max_turns=4, max_format_errors=None, max_open=5), params,
-                                 renderer=policy.renderer)
-        episodes[way] = [[t.generated_ids for t in traj.turns] for traj in trajs]
-    assert episodes["grouped"] == episodes["transformers"]
-
-
-@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99])
-def test_top_p_keeps_the_tokens_transformers_warper_keeps(top_p):
-    """`TopP` looks for the nucleus among each row's 64 most likely tokens: peaked rows (found there), flat rows
-    (nucleus past 64 tokens: transformers' warper), rows with tokens already filtered (-inf, e.g. by top-k) and a
-    row with all the mass on one token give transformers' scores exactly."""
-    from transformers import TopKLogitsWarper, TopPLogitsWarper
-
-    from turnforge.policies.hf import TopP
-
-    torch.manual_seed(0)
-    vocab = 1678
-    rows = [torch.randn(40, vocab) * 4, torch.randn(8, vocab) * 0.1,
-            TopKLogitsWarper(20)(None, torch.randn(8, vocab) * 2), torch.full((1, vocab), -5.0)]
-    rows[-1][0, 7] = 30.0
-    scores = torch.cat(rows)
-    ids = torch.zeros(len(scores), 1, dtype=torch.long)
-    ours, theirs = TopP(top_p)(ids, scores), TopPLogitsWarper(top_p)(ids, scores)
-    assert torch.equal(ours, theirs)
-    kept = (ours > -float("inf")).sum(dim=-1)
-    assert kept[-1] == 1 and (kept[40:48] > 64).all()  # the one-token row; the flat rows took the whole sort
+    assert ".".join(transformers.__version__.split(".")[:2]) in VERIFIED_TRANSFORMERS
+    with pytest.raises(RuntimeError, match="no longer has a `logit_processor`.*verified with transformers"):
+        _install_sampling(object(), None)
 
 
 def test_a_prompt_past_the_models_context_ends_its_episode_with_serves_refusal(tiny_model_dir, tasks):

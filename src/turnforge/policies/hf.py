@@ -1,7 +1,9 @@
-"""hf: a transformers model generating for many episodes at once (left-padded batched `generate`, KV cache).
+"""hf: a transformers model generating for many episodes at once, on transformers' continuous-batching engine.
 
 The rollout hands over each episode's exact prompt ids (`Prompt.ids`, built by this policy's `renderer`);
-the reply comes back as the sampled ids, their log-probabilities, the decoded text and a finish reason:
+each becomes one request of the engine (`policies/engine.py`: paged KV cache, blocks shared across an
+episode's turns, one request handed back as soon as it ends). The reply comes back as the sampled ids, their
+log-probabilities, the decoded text and a finish reason:
 
 - "stop": the end-of-turn token (`<|im_end|>`, or another of the model's `generation_config.eos_token_id`),
   which is kept as the last id, or a stop string: the ids are cut after the first token that completes it
@@ -11,8 +13,10 @@ the reply comes back as the sampled ids, their log-probabilities, the decoded te
 
 Log-probabilities are those of the sampled tokens under the temperature-scaled model distribution,
 log_softmax(logits / T) — before top-k / top-p truncation, which is what TRL's GRPO recomputes in training
-(`logits / temperature`); greedy decoding (T = 0) reports log_softmax(logits). They are recorded during
-generation by a logits processor (one vocab-sized row per sequence alive, not the whole `output_logits`).
+(`logits / temperature`); greedy decoding (T = 0) reports log_softmax(logits).
+
+The policy is a concurrent backend (`max_in_flight`): the rollout's queue hands it each reply as its own call,
+up to `batch_size` at once, and the engine batches whatever is open at each step.
 
     turnforge eval --env household --policy hf --model runs/quickstart/sft/model --tasks 20 --out runs/eval
 """
@@ -20,20 +24,12 @@ generation by a logits processor (one vocab-sized row per sequence alive, not th
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Sequence
 
 import torch
-from transformers import (
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from turnforge.formats.chat_template import ChatTemplateRenderer
-from turnforge.models.attention import cpu_gqa
 from turnforge.models.loading import load_model
 from turnforge.policies.base import (
     Generation,
@@ -44,12 +40,7 @@ from turnforge.policies.base import (
     prompt_ids,
     refuse_overlong,
 )
-from turnforge.policies.prefix_cache import Entry, PrefixCache, batch_cache, batch_layout, gather_rows
-
-# Generation settings the model's own generation_config.json must not slip in (HF fills unset fields from it,
-# e.g. Qwen3's top_k=20): sampling is configured here, in `_processors`, and nowhere else.
-_NEUTRAL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repetition_penalty=1.0,
-                no_repeat_ngram_size=0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+from turnforge.policies.engine import Reply, TurnEngine
 
 
 class HFPolicy:
@@ -65,13 +56,13 @@ class HFPolicy:
         window: int | None = None,
         batch_size: int = 64,
         adapter: str | None = None,
-        prefix_cache: bool = True,
+        prefix_sharing: bool = True,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         lm, tokenizer = load_model(model, dtype=dtype, device=device, adapter=adapter)
         lm.eval()
-        self._setup(str(model), lm, tokenizer, window, batch_size, prefix_cache)
+        self._setup(str(model), lm, tokenizer, window, batch_size, prefix_sharing)
 
     @classmethod
     def from_model(
@@ -81,132 +72,73 @@ class HFPolicy:
         window: int | None = None,
         batch_size: int = 64,
         model_id: str = "hf",
-        prefix_cache: bool = True,
+        prefix_sharing: bool = True,
     ) -> HFPolicy:
         """A policy over a model already in memory (GRPO rolls out with the model it trains; the caller
-        switches it to eval mode and back)."""
+        switches it to eval mode and back, and `close`s the policy before the weights change)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         policy = cls.__new__(cls)
-        policy._setup(model_id, model, tokenizer, window, batch_size, prefix_cache)
+        policy._setup(model_id, model, tokenizer, window, batch_size, prefix_sharing)
         return policy
 
-    def _setup(
-        self, model_id: str, model, tokenizer, window: int | None, batch_size: int, prefix_cache: bool = True
-    ) -> None:
+    def _setup(self, model_id: str, model, tokenizer, window: int | None, batch_size: int,
+               prefix_sharing: bool) -> None:
         self.model_id = model_id
         self.model, self.tokenizer = model, tokenizer
         self.renderer = ChatTemplateRenderer(self.tokenizer, window=window)
         self.batch_size = batch_size
+        self.max_in_flight = batch_size
         eos = self.model.generation_config.eos_token_id
         extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.stop_ids = sorted({self.tokenizer.eos_token_id, *extra})
-        self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_cache else None
+        self.prefix_sharing = prefix_sharing
         self.max_context = model_context(self.model.config)
+        self._engine: TurnEngine | None = None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @torch.inference_mode()
-    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
-        """One reply per prompt, in order; prompts run in chunks of `batch_size`, shortest first (less padding), the
-        prompts encoded afresh apart from those that extend their episode's cached prefix. A prompt with no room
-        for `max_new_tokens` in the model's context is refused (`refuse_overlong`), never cut or run past it."""
+    @property
+    def engine(self) -> TurnEngine:
+        """The model's continuous-batching engine, made on first use."""
+        if self._engine is None:
+            self._engine = TurnEngine(self.model, self.stop_ids, self.tokenizer.pad_token_id,
+                                      prefix_sharing=self.prefix_sharing, max_requests=self.batch_size,
+                                      max_context=self.max_context)
+            # The engine's threads hold it, not this policy: a policy dropped without `close` stops its engine.
+            weakref.finalize(self, self._engine.stop)
+        return self._engine
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams, on_token=None) -> list[Generation]:
+        """One reply per prompt, in order: every prompt is an engine request at once, and the call returns when all
+        are answered. A prompt with no room for `max_new_tokens` in the model's context is refused
+        (`refuse_overlong`), never cut or run past it. `on_token(i, ids)` (a single streamed reply's growth,
+        `turnforge serve`) is called as prompt i's reply grows."""
         ids = [prompt_ids(p, self.renderer) for p in prompts]
+        if any(not row for row in ids):
+            raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
         out: list[Generation | None] = [None] * len(ids)
         for i, refusal in refuse_overlong(ids, params.max_new_tokens, self.max_context).items():
             out[i] = refusal
-        # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
-        keys = [p.episode if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
-        seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
-        sampled = [explores(params, p) for p in prompts]
-        # Episodes that go on from their cached keys/values run apart from prompts encoded afresh: in one batch every
-        # row would be padded to a fresh prompt's whole length (in a rollout, a new episode joining old ones).
-        cached = [self.prefix_cache.cached_length(key, row) if key is not None else 0 for key, row in zip(keys, ids, strict=True)]
-        for fresh in (True, False):
-            left = (i for i in range(len(ids)) if out[i] is None and (cached[i] == 0) is fresh)
-            order = sorted(left, key=lambda i: len(ids[i]))
-            for start in range(0, len(order), self.batch_size):
-                chunk = order[start : start + self.batch_size]
-                batch = self._generate_batch(
-                    [ids[i] for i in chunk], params, [keys[i] for i in chunk], [seeds[i] for i in chunk],
-                    [cached[i] for i in chunk], [sampled[i] for i in chunk],
-                )
-                for i, gen in zip(chunk, batch, strict=True):
-                    out[i] = gen
+        futures = {}
+        for i, (prompt, row) in enumerate(zip(prompts, ids, strict=True)):
+            if out[i] is None:
+                reply = Reply(params.temperature, params.top_k, params.top_p, row_seed(params.seed, prompt, row),
+                              explores(params, prompt))
+                stream = (lambda grown, i=i: on_token(i, grown)) if on_token is not None else None
+                futures[i] = self.engine.submit(row, params.max_new_tokens, reply, stream)
+        for i, future in futures.items():
+            done = future.result()
+            out[i] = finish_generation(done.ids, done.logprobs, self.stop_ids, params.stop, self.tokenizer)
         return out  # type: ignore[return-value]
 
-    def release(self, keys: list[tuple[str, int]]) -> None:
-        """The rollout is done with these episodes: drop their prefix-cache entries."""
-        if self.prefix_cache is not None:
-            self.prefix_cache.forget(keys)
-
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, keys: list, seeds: list[int],
-                        cached: list[int], sampled: list[bool]) -> list[Generation]:
-        """`cached[i]`: how many leading ids of prompt i the prefix cache holds for `keys[i]` (0: encoded afresh);
-        `sampled[i]`: row i is sampled, else greedy (`SamplingParams.explore`)."""
-        if min(len(p) for p in prompts) == 0:
-            raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
-        cache = self.prefix_cache
-        pad = self.tokenizer.pad_token_id
-        input_ids, attention_mask, width_cached, width_suffix = batch_layout(prompts, cached, pad, self.device)
-        entries = [cache.entries[k] if n else None for k, n in zip(keys, cached, strict=True)] if cache else []
-        # Room for the suffix and the reply: generating then writes each new position in place.
-        reserve = width_suffix + params.max_new_tokens
-        past = batch_cache(entries, cached, width_cached, self.model.config, input_ids, reserve)
-        recorder = SampledLogprobs()
-        # Sampling is done by `RowSampler` (each row from its own generator), so generate itself decodes greedily.
-        config = GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
-            do_sample=False,
-            eos_token_id=self.stop_ids,
-            pad_token_id=pad,
-            stop_strings=list(params.stop) or None,
-            return_dict_in_generate=True,
-            **_NEUTRAL,
-        )
-        with cpu_gqa(self.model):  # a turn's prompt over its cached prefix: no copy of the cache per attention call
-            output = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                past_key_values=past,
-                generation_config=config,
-                logits_processor=_processors(params, recorder, seeds, sampled),
-                tokenizer=self.tokenizer if params.stop else None,
-            )
-        width = width_cached + width_suffix
-        new = output.sequences[:, width:]
-        logprobs = recorder.logprobs(new).tolist()
-        gens = [self._finish(row, lp, params.stop) for row, lp in zip(new.tolist(), logprobs, strict=True)]
-        if cache is not None:
-            self._remember(output.past_key_values, prompts, cached, keys, gens, width_cached, width_suffix)
-        return gens
-
-    def _remember(self, past, prompts, cached, keys, gens, width_cached: int, width_suffix: int) -> None:
-        """Store each episode's keys/values: its cached part, its suffix, and its reply but the last token."""
-        rows, positions = [], []
-        for i, (ids, n, key, gen) in enumerate(zip(prompts, cached, keys, gens, strict=True)):
-            if key is None or not gen.ids:
-                continue
-            start = width_cached + width_suffix
-            suffix = len(ids) - n
-            where = torch.cat([
-                torch.arange(width_cached - n, width_cached),
-                torch.arange(start - suffix, start),
-                torch.arange(start, start + len(gen.ids) - 1),
-            ])
-            rows.append((i, key, list(ids) + gen.ids[:-1]))
-            positions.append(where.to(self.device))  # indexes the cache's tensors, which live on the model's device
-        if not rows:
-            return
-        picked = [i for i, _, _ in rows]
-        layers = gather_rows(past, positions, picked)
-        for (_, key, ids), entry_layers in zip(rows, layers, strict=True):
-            self.prefix_cache.store(key, Entry(ids, entry_layers))
-
-    def _finish(self, ids: list[int], logprobs: list[float], stop: Sequence[str]) -> Generation:
-        return finish_generation(ids, logprobs, self.stop_ids, stop, self.tokenizer)
+    def close(self) -> None:
+        """Stop the engine (its KV cache is freed); the next `generate` makes a new one."""
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.stop()
 
 
 def finish_generation(ids: list[int], logprobs: list[float], stop_ids: Sequence[int], stop: Sequence[str],
@@ -249,99 +181,9 @@ def cut_generation(ids: list[int], stop_ids: Sequence[int], stop: Sequence[str],
     return ids, "length"
 
 
-class SampledLogprobs(LogitsProcessor):
-    """Records log_softmax of the scores it sees; the next step's input reveals which token was sampled.
-
-    Placed after the temperature warper and before top-k / top-p, so it sees logits / T. Only the last step's
-    distribution is held (batch x vocab); `logprobs(new_ids)` gathers the final token's after generation.
-    """
-
-    def __init__(self) -> None:
-        self.previous: torch.Tensor | None = None
-        self.steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self.previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def logprobs(self, new_ids: torch.Tensor) -> torch.Tensor:
-        """[batch, new tokens] log-probabilities of `new_ids` (the generated part of the sequences)."""
-        if self.previous is None or new_ids.shape[1] == 0:
-            return torch.zeros(new_ids.shape, dtype=torch.float32)
-        last = self.previous.gather(1, new_ids[:, -1:]).squeeze(1)
-        return torch.stack([*self.steps, last], dim=1).cpu()
-
-
 def row_seed(seed: int, prompt: Prompt, ids: list[int]) -> int:
     """The seed of one reply's random draws: the call's seed, the episode (task, sample), its turn and its prompt
     (its length and last 64 ids: what tells apart prompts of the same turn, e.g. a DPO teacher's decision points), so that a reply's draws do not depend on which other prompts share its batch or on how many calls came
     before (the rollout engine batches whichever episodes are waiting, which timing decides)."""
     key = f"{seed}|{prompt.task.id}|{prompt.sample}|{prompt.turn}|{len(ids)}|{','.join(map(str, ids[-64:]))}"
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
-
-
-class RowSampler(LogitsProcessor):
-    """Samples every row from its own generator (seeded by `row_seed`): the Gumbel-max trick, argmax(scores + G)
-    with G ~ Gumbel(0, 1) drawn per row, is a draw from softmax(scores); generate then decodes greedily. Last in
-    the list, after temperature and top-k / top-p (their -inf stays -inf). transformers samples the whole batch
-    from the one global generator instead, so a row's draw depended on its neighbours. Rows not `sampled` get no
-    noise: their argmax is the greedy token (temperature and top-p keep the most likely token on top)."""
-
-    def __init__(self, seeds: list[int], sampled: list[bool] | None = None) -> None:
-        self.seeds = seeds
-        self.sampled = sampled if sampled is not None and not all(sampled) else None  # None: every row sampled
-        self.generators: list[torch.Generator] | None = None
-        self.noise_mask: torch.Tensor | None = None  # [rows, 1]: 1 sampled, 0 greedy; built once, on the first step
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.generators is None:
-            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
-        width = scores.shape[-1]
-        uniform = torch.stack([torch.rand(width, generator=g, device=scores.device) for g in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
-        if self.sampled is not None:
-            if self.noise_mask is None:
-                self.noise_mask = torch.tensor(self.sampled, dtype=gumbel.dtype, device=gumbel.device).unsqueeze(1)
-            gumbel = gumbel * self.noise_mask
-        return scores.float() + gumbel
-
-
-class TopP(LogitsProcessor):
-    """transformers' `TopPLogitsWarper` (keep the most likely tokens until their mass reaches `top_p`, at least one),
-    looked for among each row's `k` most likely tokens: a token is kept when the tokens more likely than it hold
-    less than `top_p`. Rows whose `k` tokens hold less than `top_p` take transformers' warper. transformers sorts
-    the whole vocabulary at every decoding step, ~8 % of a sampled rollout of the quickstart's model on a CPU."""
-
-    def __init__(self, top_p: float, k: int = 64) -> None:
-        self.top_p, self.k = top_p, k
-        self.whole = TopPLogitsWarper(top_p)
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        top, where = scores.topk(min(self.k, scores.shape[-1]), dim=-1)  # sorted, most likely first
-        probs = torch.exp(top - torch.logsumexp(scores, dim=-1, keepdim=True))
-        before = probs.cumsum(dim=-1) - probs  # the mass of the tokens more likely than each
-        out = torch.full_like(scores, -float("inf"))
-        out.scatter_(1, where, top.masked_fill(before >= self.top_p, -float("inf")))
-        short = probs.sum(dim=-1) < self.top_p  # the nucleus may reach past the k tokens
-        if short.any():
-            out[short] = self.whole(input_ids[short], scores[short])
-        return out
-
-
-def _processors(params: SamplingParams, recorder: SampledLogprobs, seeds: list[int],
-                sampled: list[bool] | None = None) -> LogitsProcessorList:
-    """Temperature, the log-prob recorder, top-k and top-p, then the per-row sampler (greedy: the recorder alone)."""
-    if params.temperature == 0:
-        return LogitsProcessorList([recorder])
-    out: list[LogitsProcessor] = []
-    if params.temperature != 1.0:
-        out.append(TemperatureLogitsWarper(params.temperature))
-    out.append(recorder)
-    if params.top_k > 0:
-        out.append(TopKLogitsWarper(params.top_k))
-    if params.top_p < 1.0:
-        out.append(TopP(params.top_p))
-    out.append(RowSampler(seeds, sampled))
-    return LogitsProcessorList(out)
