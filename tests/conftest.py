@@ -63,3 +63,34 @@ def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict
     out = tmp_path_factory.mktemp("quickstart") / "qs"
     summary = run_recipe(load_recipe("quickstart", overrides=QUICKSTART_BUDGET), out, console=Console(quiet=True))
     return out, summary
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter (r 4 on q_proj, v_proj) with random non-zero weights on the tiny model: it changes what the
+    model writes. Do not modify."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from turnforge.models.loading import load_model
+
+    torch.manual_seed(0)
+    model, _ = load_model(str(tiny_model_dir), device="cpu")
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False))
+    out = tmp_path_factory.mktemp("adapter") / "lora"
+    lora.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_with_adapter(tiny_model_dir: Path, tiny_adapter_dir: Path):
+    """`--policy vllm` on the tiny model with `tiny_adapter_dir` served on it: vLLM's engine in this process, one per
+    session (it takes ~1 min to start on 2 cores); `VLLMPolicy.from_llm(p.llm, p.tokenizer)` is the base model on
+    the same engine. vLLM tests only (tests/vllm_engines.py)."""
+    from turnforge.policies.vllm import VLLMPolicy
+    from vllm_engines import TEST_ENGINE
+
+    policy = VLLMPolicy(str(tiny_model_dir), adapter=str(tiny_adapter_dir), max_lora_rank=8, **TEST_ENGINE)
+    yield policy
+    policy.llm.llm_engine.engine_core.shutdown()

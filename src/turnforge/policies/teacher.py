@@ -108,14 +108,24 @@ class HFTeacher:
 
 
 class VLLMTeacher:
-    """A vLLM engine in this process (`vllm:PATH`), scoring with `prompt_logprobs` (GPU + turnforge[vllm])."""
+    """A vLLM engine in this process (`vllm:PATH`), scoring with `prompt_logprobs` (turnforge[vllm] on a GPU, or
+    vLLM's CPU build: policies/vllm.py)."""
 
-    def __init__(self, path: str) -> None:
-        from vllm import LLM
+    def __init__(self, path: str, gpu_memory_utilization: float = 0.85, **engine_options: Any) -> None:
+        from turnforge.policies.vllm import engine_memory, import_vllm
 
+        vllm = import_vllm()
         self.name = f"vllm:{path}"
-        self.llm = LLM(model=path, enable_prefix_caching=True)
+        self.llm = vllm.LLM(model=path, enable_prefix_caching=True,
+                            **engine_memory(gpu_memory_utilization, engine_options))
         self.tokenizer = self.llm.get_tokenizer()
+
+    @classmethod
+    def from_llm(cls, llm, name: str = "vllm") -> VLLMTeacher:
+        """A teacher over an engine already built."""
+        teacher = cls.__new__(cls)
+        teacher.llm, teacher.tokenizer, teacher.name = llm, llm.get_tokenizer(), name
+        return teacher
 
     def check_tokenizer(self, student_tokenizer) -> None:
         same_tokenizer(student_tokenizer, self.tokenizer, self.name)

