@@ -6,12 +6,15 @@
     turnforge eval --env service --env-opt domain=desk --policy random --out runs/desk
     turnforge eval --env service --env-opt domain=telecom --env-opt data_dir=../shared/data/tau2/telecom --policy expert \
         --out runs/telecom-gold
+    turnforge eval --env service --env-opt domain=banking_knowledge --env-opt data_dir=../shared/data/tau2/banking_knowledge \
+        --env-opt retrieval=bm25 --policy expert --out runs/banking-gold
 
 Tasks: one per tau2 task of the split (`split_tasks.json`, else every task in every split); `Task.id` is
 tau2's id, `Task.category` the domain. The user is `scripted` (tests, gold runs), `replay` (re-grade saved
 conversations with `--policy replay:FILE`) or a policy spec (`hf:PATH`, `openai:URL#model`, ...) that the eval
 runner builds and passes as the `user` role; `judge=SPEC` does the same for NL_ASSERTION. Telecom is dual control:
-the user role also gets the customer's device tools (envs/service/telecom/).
+the user role also gets the customer's device tools (envs/service/telecom/); in banking_knowledge the user has tools
+over the bank's own DB and the agent searches a knowledge base (envs/service/banking/, `retrieval=`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ SPLITS = ("train", "test", "base")
 def load_service_tasks(split: str, limit: int | None = None, *, domain: str, data_dir: str, tasks: str,
                        **_episode_options: Any) -> list[Task]:
     """The tasks of `split` in the domain's order."""
-    loaded = load_domain(domain, data_dir, tasks)
+    loaded = load_domain(domain, data_dir, tasks, _episode_options.get("retrieval", ""))
     ids = loaded.split_ids(split)
     return [loaded.to_task(i, split) for i in ids[:limit]]
 
@@ -95,7 +98,8 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 SERVICE_SPEC = register_env(
     EnvSpec(
         name=ENV_NAME,
-        description="tau2-bench customer service (retail, airline, telecom from tau2's data; built-in desk): tools "
+        description="tau2-bench customer service (retail, airline, telecom, banking_knowledge from tau2's data; "
+                    "built-in desk): tools "
                     "over a DB, a simulated user (with device tools in telecom), tau2's DB/ENV_ASSERTION/ACTION/"
                     "COMMUNICATE/NL verdict",
         factory=ServiceEnv,
@@ -108,10 +112,14 @@ SERVICE_SPEC = register_env(
         vocabulary=vocabulary,
         corpus_options=("domain", "data_dir", "tasks"),
         options=[
-            EnvOption("domain", str, "desk", "retail, airline, telecom (need data_dir) or desk (built in)", domain_names()),
+            EnvOption("domain", str, "desk", "retail, airline, telecom, banking_knowledge (need data_dir) or desk (built "
+                      "in)", domain_names()),
             EnvOption("data_dir", str, "", "a tau2 domain folder: db.json or db.toml, policy.md (telecom: "
                       "main_policy.md, tech_support_manual.md, user_db.toml), tasks.json, optional split_tasks.json"),
             EnvOption("tasks", str, "", "another tasks JSON in tau2's schema (all its tasks form every split)"),
+            EnvOption("retrieval", str, "", "banking_knowledge's retrieval variant (tau2's names): bm25 (default), "
+                      "bm25_grep, grep_only, full_kb, golden_retrieval, no_knowledge; those needing an embedding "
+                      "model, a reranker or a shell are refused"),
             EnvOption("user", str, "scripted", "scripted | replay (with --policy replay:FILE) | a policy spec for an "
                       "LLM user simulator: hf:PATH, openai:URL#model, vllm:PATH | base (in a recipe: its base model, "
                       "frozen)"),

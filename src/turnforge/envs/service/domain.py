@@ -31,13 +31,14 @@ ENV_NAME = "service"
 
 @dataclass
 class UserSide:
-    """The user's half of a dual-control domain: their DB (`db_file` in the data folder), their tools, and
-    `sync(agent_tools, user_tools)`, which tau2 runs after every step to carry each side's state to the other."""
+    """The user's half of a dual-control domain: their DB (`db_file` in the data folder; "" = the user works on the
+    agent's DB, as in banking_knowledge), their tools, and `sync(agent_tools, user_tools)`, which tau2 runs after
+    every step to carry each side's state to the other (None: nothing to carry)."""
 
     db_model: type[BaseModel]
     toolkit: type[Toolkit]
     db_file: str
-    sync: Callable[[Toolkit, Toolkit], None]
+    sync: Callable[[Toolkit, Toolkit], None] | None
 
 
 @dataclass
@@ -53,6 +54,10 @@ class DomainKind:
     user: UserSide | None = None
     builtin: Callable[[], tuple[dict, str, list[dict], dict[str, list[str]] | None]] | None = None
     """Built-in domains: () -> (db dict, policy text, tasks, splits)."""
+    retrieval: Callable[[Path, str], DomainKind] | None = None
+    """Domains with retrieval variants (banking_knowledge): (data folder, variant name) -> the kind that serves it."""
+    task_policy: Callable[[dict], str] | None = None
+    """A policy that depends on the task (banking_knowledge's golden_retrieval): task -> policy text."""
 
 
 @dataclass
@@ -79,7 +84,7 @@ class Domain:
     user_db: BaseModel | None = None
     _gold: dict[str, Gold] = field(default_factory=dict)
     _bases: dict[str, SharedDB] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.RLock = field(default_factory=threading.RLock)  # re-entered: a gold state builds a task's base
 
     @property
     def name(self) -> str:
@@ -108,8 +113,16 @@ class Domain:
         state.apply_initial_state(task)
         return state
 
-    def toolkit(self, db: EpisodeDB) -> Toolkit:
-        return self.kind.toolkit(db)
+    def toolkit(self, db: EpisodeDB, task: dict | None = None) -> Toolkit:
+        """The agent's toolkit over `db`, set up for `task` (`Toolkit.start_task`)."""
+        tools = self.kind.toolkit(db)
+        if task is not None:
+            tools.start_task(task)
+        return tools
+
+    def policy_for(self, task: dict) -> str:
+        """The agent's policy in an episode of `task` (the domain's, unless it depends on the task)."""
+        return self.kind.task_policy(task) if self.kind.task_policy is not None else self.policy
 
     def tool_kinds(self) -> dict[str, ToolKind]:
         return self.kind.toolkit.tool_kinds()
@@ -170,24 +183,31 @@ def domain_names() -> tuple[str, ...]:
     return tuple(sorted(_KINDS))
 
 
-def load_domain(name: str, data_dir: str = "", tasks_file: str = "") -> Domain:
-    """The domain `name`, from `data_dir` (tau2's layout) or built in; `tasks_file` replaces its tasks."""
+def load_domain(name: str, data_dir: str = "", tasks_file: str = "", retrieval: str = "") -> Domain:
+    """The domain `name`, from `data_dir` (tau2's layout) or built in; `tasks_file` replaces its tasks; `retrieval`
+    names the retrieval variant of a domain that has them (banking_knowledge; "" = its default)."""
     _register_builtin()
     if name not in _KINDS:
         raise ValueError(f"unknown service domain {name!r}; choose one of {', '.join(sorted(_KINDS))}")
-    key = (name, str(Path(data_dir).resolve()) if data_dir else "", str(Path(tasks_file).resolve()) if tasks_file else "")
+    if retrieval and _KINDS[name].retrieval is None:
+        raise ValueError(f"retrieval={retrieval!r} applies to banking_knowledge only; service domain {name!r} has no "
+                         "knowledge base")
+    key = (name, str(Path(data_dir).resolve()) if data_dir else "", str(Path(tasks_file).resolve()) if tasks_file else "",
+           retrieval)
     with _LOAD_LOCK:
         if key not in _LOADED:
-            _LOADED[key] = _load(_KINDS[name], data_dir, tasks_file)
+            _LOADED[key] = _load(_KINDS[name], data_dir, tasks_file, retrieval)
         return _LOADED[key]
 
 
-def _load(kind: DomainKind, data_dir: str, tasks_file: str) -> Domain:
+def _load(kind: DomainKind, data_dir: str, tasks_file: str, retrieval: str = "") -> Domain:
     if data_dir:
         folder = Path(data_dir)
         if not folder.is_dir():
             raise ValueError(f"service domain {kind.name!r}: data_dir {folder} is not a folder (tau2's "
                              "data/tau2/domains/<domain>/ layout: db.json or db.toml, policy.md, tasks.json)")
+        if kind.retrieval is not None:
+            kind = kind.retrieval(folder, retrieval)
         db_path, raw_db, policy, tasks, splits = _read_folder(kind, folder)
         db_source, tasks_source, source = str(db_path), str(folder / "tasks.json"), str(folder)
     elif kind.builtin is not None:
@@ -202,7 +222,7 @@ def _load(kind: DomainKind, data_dir: str, tasks_file: str) -> Domain:
     db, problems = _validated(kind.db_model, raw_db, db_source)
     problems += task_problems(tasks, tasks_source, kind.toolkit, kind.user.toolkit if kind.user else None)
     user_db = None
-    if data_dir and kind.user is not None:
+    if data_dir and kind.user is not None and kind.user.db_file:
         user_path, raw_user_db = _read_user_db(kind, folder)
         user_db, user_problems = _validated(kind.user.db_model, raw_user_db, str(user_path))
         problems += user_problems
@@ -271,6 +291,7 @@ def _register_builtin() -> None:
         return
     from turnforge.envs.service.airline.db import FlightDB
     from turnforge.envs.service.airline.tools import AirlineTools
+    from turnforge.envs.service.banking import BANKING
     from turnforge.envs.service.desk import DESK
     from turnforge.envs.service.retail.db import RetailDB
     from turnforge.envs.service.retail.tools import RetailTools
@@ -279,5 +300,6 @@ def _register_builtin() -> None:
     register_domain(DomainKind("retail", RetailDB, RetailTools))
     register_domain(DomainKind("airline", FlightDB, AirlineTools))
     register_domain(TELECOM)
+    register_domain(BANKING)
     if DESK is not None:
         register_domain(DESK)

@@ -73,10 +73,10 @@ class ServiceEnv:
 
     name = "service"
 
-    def __init__(self, *, domain: str, data_dir: str, tasks: str, user: str, user_temperature: float, judge: str,
-                 max_steps: int, max_errors: int, format: str, on_bad_call: str):
+    def __init__(self, *, domain: str, data_dir: str, tasks: str, retrieval: str, user: str, user_temperature: float,
+                 judge: str, max_steps: int, max_errors: int, format: str, on_bad_call: str):
         # No defaults here: the family's EnvOptions hold them, and make_env passes every option resolved.
-        self.domain: Domain = load_domain(domain, data_dir, tasks)
+        self.domain: Domain = load_domain(domain, data_dir, tasks, retrieval)
         self.format = PlainTextEndsTurn(get_format(format))
         if not self.format.uses_tools:
             raise ValueError(f"the service env needs a tool format (tool_call), not {format!r}")
@@ -108,7 +108,7 @@ class ServiceEnv:
         self.state = self.domain.new_state(self.spec)
         self.db = self.state.db
         self.user: User = ScriptedUser(self.spec) if self.user_kind in SCRIPTED_USERS else \
-            ModelUser(self.clients["user"], self.spec.get("user_scenario") or {}, self._user_tools, self.format)
+            ModelUser(self.clients["user"], self.spec.get("user_scenario") or {}, self._task_user_tools(), self.format)
         self.history: list[Message] = [Message("assistant", GREETING)]  # tau2's trajectory
         self.conversation: list[Message] = [Message("assistant", GREETING)]  # what the user sees
         self.steps = self.errors = self.tool_calls = self.user_errors = self.user_tool_errors = 0
@@ -118,7 +118,8 @@ class ServiceEnv:
         self._score: Score | None = None
         first = self._user_turn()
         self.ended_at_reset = self.termination is not None
-        return [Message("system", agent_system_prompt(self.domain.policy)), Message("assistant", GREETING), *first]
+        return [Message("system", agent_system_prompt(self.domain.policy_for(self.spec))), Message("assistant", GREETING),
+                *first]
 
     def step(self, reply: Message | FormatError) -> StepResult:
         if self.termination is not None:  # the user ended it at its first message: tau2 stops there
@@ -140,6 +141,14 @@ class ServiceEnv:
 
     def close(self) -> None:
         self.clients = {}
+
+    def _task_user_tools(self) -> list[dict] | None:
+        """The user's tools in this task: tau2 gives its user only those the task's `user_tools` names (all when
+        it names none; none when it is an empty list)."""
+        names = self.spec.get("user_tools")
+        if names is None or self._user_tools is None:
+            return self._user_tools
+        return [s for s in self._user_tools if s["function"]["name"] in names] or None
 
     # ---- turns -------------------------------------------------------------------------------------------
     def _message_turn(self, reply: Message) -> list[Message]:

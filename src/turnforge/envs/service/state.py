@@ -32,10 +32,14 @@ class EpisodeState:
     def __init__(self, domain: Domain, task: dict):
         self.domain = domain
         self.db: EpisodeDB = domain.new_db(task)
-        self.tools: Toolkit = domain.toolkit(self.db)
+        self.tools: Toolkit = domain.toolkit(self.db, task)
         self.user_db: BaseModel | None = domain.new_user_db(task)
         user = domain.kind.user
-        self.user_tools: Toolkit | None = user.toolkit(self.user_db) if user and self.user_db is not None else None
+        self.user_tools: Toolkit | None = None
+        if user is not None and not user.db_file:  # the user works on the agent's DB (banking_knowledge)
+            self.user_tools = user.toolkit(self.db)
+        elif user is not None and self.user_db is not None:
+            self.user_tools = user.toolkit(self.user_db)
         self.sync()  # tau2 syncs when an environment is built
 
     def toolkit(self, side: str) -> Toolkit:
@@ -49,7 +53,7 @@ class EpisodeState:
 
     def sync(self) -> None:
         user = self.domain.kind.user
-        if user is not None and self.user_tools is not None:
+        if user is not None and user.sync is not None and self.user_tools is not None:
             user.sync(self.tools, self.user_tools)
 
     def call(self, name: str, arguments: dict[str, Any], side: str = "assistant", sync: bool = True) -> ToolResult:

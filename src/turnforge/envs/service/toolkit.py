@@ -71,6 +71,15 @@ class Toolkit:
         return kinds
 
     @classmethod
+    def callable_names(cls) -> set[str]:
+        """The names `call` accepts: the tools, and in a domain with discoverable tools those too (banking)."""
+        return set(cls.tool_kinds())
+
+    def start_task(self, task: dict) -> None:
+        """Per-task settings of a toolkit, before the task's initial state (banking: which discoverable reads are
+        logged); none by default."""
+
+    @classmethod
     def schemas(cls) -> list[dict]:
         """The OpenAI / HF tool schemas of every tool, in name order."""
         return [tool_schema(getattr(cls, name)) for name in cls.tool_kinds()]
@@ -78,7 +87,7 @@ class Toolkit:
     def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run tool `name` with `arguments` as tau2 does; errors are observations, never exceptions."""
         try:
-            if name not in self.tool_kinds():
+            if name not in self.callable_names():
                 raise ValueError(f"Tool '{name}' not found.")  # tau2 ToolKitBase.use_tool
             if not isinstance(arguments, dict):
                 raise TypeError("arguments must be a JSON object")

@@ -177,8 +177,11 @@ class ScriptedUser:
         if isinstance(instructions, dict):
             parts = [instructions.get("reason_for_call"), instructions.get("known_info")]
             self.opening = " ".join(p.strip() for p in parts if p)
-        else:
-            self.opening = str(instructions)
+        else:  # free-text instructions (banking_knowledge) may quote the stop token the user should say at the end
+            text = str(instructions)
+            for token in USER_STOP_TOKENS:
+                text = text.replace(token, "")
+            self.opening = " ".join(text.split())
         criteria = task.get("evaluation_criteria") or {}
         self.all_actions = list(criteria.get("actions") or [])
         self.actions = [a for a in self.all_actions if a.get("requestor", "assistant") == "assistant"]
