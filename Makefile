@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
-EXTRAS  ?= dev,alfworld,sql,bfcl,serve,openai,code,ray,openenv
+EXTRAS  ?= dev,alfworld,sql,bfcl,serve,openai,code,ray,openenv,service
 BFCL    := bfcl-eval==2025.6.8
 comma   := ,
 STAMP   := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))

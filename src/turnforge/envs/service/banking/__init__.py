@@ -13,6 +13,7 @@ grep, or puts documents in the policy. The user has tools of their own over the 
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from pathlib import Path
 
@@ -42,6 +43,9 @@ def with_retrieval(folder: Path, retrieval: str) -> DomainKind:
     """The domain as the retrieval variant `retrieval` serves it: its toolkit and its policy (per task for
     golden_retrieval)."""
     variant = resolve(retrieval or DEFAULT_VARIANT)
+    if variant.kb_search and importlib.util.find_spec("rank_bm25") is None:
+        raise ValueError(f"banking_knowledge retrieval={variant.name!r} searches with rank_bm25 (as tau2): "
+                         "pip install 'turnforge[service]'")
     kb = knowledge_base(folder)
     template = policy_template(folder / "prompts", variant, kb)
     task_policy = (lambda task: golden_policy(template, kb, task)) if variant.inline == "golden" else None
