@@ -26,33 +26,58 @@ Bad input ends with a one-line `error: ...` on stderr and exit code 2, never a t
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.padding import Padding
-from rich.text import Text
+from typer.core import TyperGroup
 
-from turnforge.envs.base import list_envs
 from turnforge.envs.code.cli import sandbox_app
 from turnforge.envs.household.cli import household_app
-from turnforge.eval.table import print_summary
-from turnforge.pipeline import check_task_counts, plan_stages, print_comparison, run_recipe
-from turnforge.policies import BackendError, PolicySpec
-from turnforge.policies.base import BackendNotInstalled, SamplingParams
-from turnforge.recipes import load_recipe, packaged_recipes
-from turnforge.rollout import RolloutLimits
-from turnforge.rollouts_file import EnvErrors, run_eval
-from turnforge.rundir import check_out_dir, check_out_parents
-from turnforge.scale import ScaleConfig
-from turnforge.stages.eval import EvalStage
+from turnforge.recipes.packaged import packaged_recipes
+from turnforge.rundir import check_out_dir, check_out_parents, check_outside_runs
+from turnforge.types import EVAL_TEMPERATURE, SamplingParams
+
+try:  # typer >= 0.2x carries its own copy of click; older ones use click itself
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click import ClickException
+
+# What this module imports at its top is what `turnforge --help`, `--version` and every `--help` pay for: the
+# command line is parsed before torch, transformers, TRL, PEFT or datasets load (about 4 s), so each command
+# imports the library it runs inside its own body (tests/test_first_contact.py checks `--help`'s imports).
+
+
+class Commands(TyperGroup):
+    """The `turnforge` group: click's own usage errors (a missing or unknown option, a bad value) end like the
+    commands' refusals, with one `error: ...` line and exit code 2, instead of click's usage block and `Error:`."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # a bare `turnforge data`: its help (typer tells it by name too)
+                e.show()
+                sys.exit(e.exit_code)
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            typer.echo(f"error: {e.format_message().rstrip('.')}{hint}", err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 # Help is plain text (rich_markup_mode=None): with rich markup, "turnforge[ray]" or "the recipe's [scale]" lost
 # their brackets as style tags ("Needs turnforge.", "the recipe's )."), and no help string here uses markup.
 app = typer.Typer(
+    cls=Commands,
     help="Train and evaluate small LLM agents on multi-turn, tool-using environments.",
     no_args_is_help=True,
     add_completion=False,
@@ -85,18 +110,29 @@ def _main(
 
 
 def quiet_libraries() -> None:
-    """Hide the libraries' warnings and log chatter (transformers' generation flags, sqlglot, RuntimeWarnings with
-    source paths); turnforge's own warnings still show. `--verbose` keeps everything."""
+    """Hide the libraries' warnings, log chatter and progress bars (transformers' generation flags and deprecations,
+    its "Loading weights" bars, datasets' "Map" bars, sqlglot, RuntimeWarnings with source paths); turnforge's own
+    warnings and progress still show. `--verbose` keeps everything.
+
+    Called before any of those libraries is imported (the commands import them), so the environment variables they
+    read once at import take effect."""
     import logging
     import os
     import warnings
 
     warnings.filterwarnings("ignore")
-    warnings.filterwarnings("default", module=r"turnforge(\.|$)")  # checked first: ours stay visible
+    warnings.filterwarnings("default", module=r"turnforge(\.|$)")  # checked before the first: ours stay visible
+    # ...except a library's deprecation, which points at the turnforge line that called it (`generate(...)`): it is
+    # news for whoever upgrades the library, not for the user of the run. turnforge raises none of these kinds.
+    for deprecation in (FutureWarning, DeprecationWarning, PendingDeprecationWarning):
+        warnings.filterwarnings("ignore", category=deprecation)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading and saving bars read it
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     for name in ("sqlglot", "transformers", "datasets", "huggingface_hub", "accelerate", "peft", "trl", "httpx"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
 
 USAGE_ERROR = 2  # the exit code click uses for bad usage; scripts can tell it from a crash (1)
 BACKEND_ERROR = 1  # a model server failed mid-run (the episodes finished so far are kept)
@@ -111,22 +147,38 @@ def _user_errors(command: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except ValidationError as e:  # a typed settings object (the sampling group) refused values: one line
-            typer.echo(f"error: {one_line(e)}", err=True)
-            raise typer.Exit(USAGE_ERROR) from None
-        except (ValueError, NotImplementedError, FileNotFoundError, BackendNotInstalled) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(USAGE_ERROR) from None
-        except (BackendError, EnvErrors) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(BACKEND_ERROR) from None
         except KeyboardInterrupt:  # what was kept has been said where it is known (the eval runner)
             raise typer.Exit(INTERRUPTED) from None
+        except Exception as e:
+            refusal = user_error(e)
+            if refusal is None:
+                raise
+            line, code = refusal
+            typer.echo(f"error: {line}", err=True)
+            raise typer.Exit(code) from None
 
     return wrapper
 
 
-def one_line(error: ValidationError) -> str:
+def user_error(error: Exception) -> tuple[str, int] | None:
+    """(one line, exit code) for an error the user can act on: bad input (2) or a failing model server or env (1);
+    None for anything else (a bug: its traceback). The classes are imported here, once an error has happened, so
+    that no command pays for the libraries that define them before it runs."""
+    from pydantic import ValidationError
+
+    from turnforge.policies.base import BackendError, BackendNotInstalled
+    from turnforge.rollouts_file import EnvErrors
+
+    if isinstance(error, ValidationError):  # a typed settings object (the sampling group) refused values: one line
+        return one_line(error), USAGE_ERROR
+    if isinstance(error, ValueError | NotImplementedError | FileNotFoundError | BackendNotInstalled):
+        return str(error), USAGE_ERROR
+    if isinstance(error, BackendError | EnvErrors):
+        return str(error), BACKEND_ERROR
+    return None
+
+
+def one_line(error: Any) -> str:
     """pydantic's report of a settings object (several lines) as one: `what: key: problem (got value); ...`."""
     problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')} (got {e['input']!r})"
                 for e in error.errors()]
@@ -156,6 +208,11 @@ def parse_env_options(pairs: list[str]) -> dict[str, str]:
 @app.command()
 def envs() -> None:
     """List the environments with their splits, categories and options."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from turnforge.envs.base import list_envs
+
     console = Console()
     # Text, not markup: descriptions hold brackets such as "turnforge[alfworld]". Indented blocks, not a table: a
     # table squeezed into 80 columns (a pipe's width) cut words of its last column ("JSO" for "JSON)"); Text wraps
@@ -171,8 +228,10 @@ def envs() -> None:
         console.print()
 
 
-def _indented(console: Console, spaces: int, text: Text) -> None:
+def _indented(console: Any, spaces: int, text: Any) -> None:
     """`text` wrapped at the console's width with every line indented (no trailing padding)."""
+    from rich.padding import Padding
+
     console.print(Padding(text, (0, 0, 0, spaces), expand=False))
 
 
@@ -212,7 +271,7 @@ def eval_command(
         int | None, typer.Option(help="Turn limit per episode (default: the env's).")
     ] = None,
     limit_open: Annotated[int, typer.Option(help="Episodes open at once (the generate batch).")] = 64,
-    temperature: Annotated[float, _sampling("temperature")] = EvalStage.model_fields["temperature"].default,
+    temperature: Annotated[float, _sampling("temperature")] = EVAL_TEMPERATURE,
     top_p: Annotated[float, _sampling("top_p")] = SAMPLING.top_p,
     top_k: Annotated[int, _sampling("top_k")] = SAMPLING.top_k,
     max_new_tokens: Annotated[int, _sampling("max_new_tokens")] = SAMPLING.max_new_tokens,
@@ -236,6 +295,13 @@ def eval_command(
     worker_gpus: Annotated[float, typer.Option(help="GPUs Ray reserves per worker: 1 for an hf/vllm replica each (--ray).")] = 0.0,
 ) -> None:
     """Evaluate a policy; writes OUT/episodes.jsonl and OUT/summary.json and prints the table."""
+    from turnforge.eval.table import print_summary
+    from turnforge.policies import PolicySpec
+    from turnforge.rollout import RolloutLimits
+    from turnforge.rollouts_file import run_eval
+    from turnforge.scale import ScaleConfig
+
+    check_outside_runs(out)
     if limit_open < 1:  # said here, in the flag's own name
         raise ValueError(f"--limit-open must be at least 1 (episodes open at once), got {limit_open}")
     if not 0.0 <= max_env_errors <= 1.0:
@@ -293,8 +359,12 @@ def run_command(
     workers: Annotated[int | None, typer.Option(help="Ray workers (--ray; default: the recipe's [scale]).")] = None,
 ) -> None:
     """Run a recipe's stages in OUT (resumable); prints the evaluations side by side."""
+    from turnforge.pipeline import check_task_counts, plan_stages, print_comparison, run_recipe
+    from turnforge.recipes import load_recipe
+
     # --ray and --workers are the recipe's [scale] table, set like any --set (its errors name them).
     check_out_dir(out)  # --check too: a run that passed it must not then fail on its --out
+    check_outside_runs(out)
     scale = [f"scale.ray={ray}"] * (ray is not None) + [f"scale.workers={workers}"] * (workers is not None)
     loaded = load_recipe(recipe, overrides=[*(set_ or []), *scale], model=model)
     if check:
@@ -324,7 +394,8 @@ def quickstart(
 @app.command()
 @_user_errors
 def serve(
-    model: Annotated[str, typer.Option(help="Model folder or hub id, served under --name.")],
+    model: Annotated[str, typer.Option(help="Model folder or hub id, served under --name; tiny: the offline tiny "
+                                       "model, built for --env at start (as `eval --model tiny` builds it).")],
     name: Annotated[str | None, typer.Option(help="The model's name in requests (default: --model as given).")] = None,
     adapter: Annotated[
         list[str] | None, typer.Option(help="A LoRA adapter served as model NAME: NAME=PATH; repeatable.")
@@ -334,8 +405,15 @@ def serve(
     max_batch: Annotated[int, typer.Option(help="Prompts per batched generate call at most.")] = 64,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N | mps.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")] = "auto",
+    env: Annotated[str | None, typer.Option(help="With --model tiny: the env whose text its tokenizer is trained "
+                                            "on (default household).")] = None,
+    env_opt: Annotated[list[str] | None, typer.Option(help="With --model tiny: an option of --env, KEY=VALUE.")] = None,
 ) -> None:
-    """OpenAI-compatible server over the hf backend: /v1/models, /v1/chat/completions (batched, tool calls)."""
+    """OpenAI-compatible server over the hf backend: /v1/models, /v1/chat/completions (batched, tool calls), and
+    /v1/completions for scoring given tokens (prompt_logprobs)."""
+    import contextlib
+    import tempfile
+
     try:
         from turnforge.policies.serve import ServedModel
         from turnforge.policies.serve import serve as run_server
@@ -344,13 +422,24 @@ def serve(
 
     if max_batch < 1:
         raise ValueError(f"--max-batch must be at least 1, got {max_batch}")
-    if model == "tiny":  # a name, not a Hub id: the tiny model is built into a run directory, never downloaded
-        raise ValueError("--model tiny: serve a built tiny model by its folder, e.g. runs/qs/models/tiny (built by "
-                         "`turnforge quickstart --out runs/qs`) or a trained one such as runs/qs/stages/02-sft/model")
+    if model != "tiny" and (env is not None or env_opt):
+        raise ValueError("--env and --env-opt choose the text of --model tiny's tokenizer; a model folder or hub id "
+                         "has its own tokenizer")
     adapters = parse_adapters(adapter or [])
-    served = ServedModel(model, name=name, adapters=adapters, device=device, dtype=dtype)
-    run_server(served, host=host, port=port, max_batch=max_batch,
-               on_ready=lambda url: typer.echo(f"serving {', '.join(served.names)} at {url} (Ctrl-C stops)"))
+    with contextlib.ExitStack() as stack:
+        path = model
+        if model == "tiny":  # a name, not a Hub id: built offline, as `eval --model tiny` builds it
+            from turnforge.envs.base import get_env_spec
+            from turnforge.tiny_model import resolve_model
+
+            env = env or "household"
+            options = get_env_spec(env).coerce_options(parse_env_options(env_opt or []))
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="turnforge-serve-")))
+            typer.echo(f"building the tiny model for env {env!r} (offline, a few seconds)", err=True)
+            path = resolve_model(model, folder, [(env, options)])  # the same model as `eval --env ENV --model tiny`
+        served = ServedModel(path, name=name or model, adapters=adapters, device=device, dtype=dtype)
+        run_server(served, host=host, port=port, max_batch=max_batch,
+                   on_ready=lambda url: typer.echo(f"serving {', '.join(served.names)} at {url} (Ctrl-C stops)"))
 
 
 env_app = typer.Typer(help="Environments on the field's interfaces: serve one as an OpenEnv server.", no_args_is_help=True)
@@ -404,6 +493,7 @@ def report(
 
     if out is not None:
         check_out_parents(out)
+        check_outside_runs(out)
     if compare:
         path = write_comparison(runs, out or Path("compare"))
         typer.echo(f"wrote {path} and {path.with_suffix('.html')}")
@@ -471,6 +561,7 @@ def data_export(
     from turnforge.data.hf_datasets import export_dataset
 
     check_out_parents(out)
+    check_outside_runs(out)
     typer.echo(f"wrote {export_dataset(source, format, out)}")
 
 
@@ -485,6 +576,7 @@ def data_import(
     from turnforge.data.hf_datasets import import_dataset
 
     check_out_parents(out)
+    check_outside_runs(out)
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give the JSONL file to write, e.g. {out / 'data.jsonl'}")
     path, rows = import_dataset(source, schema, out)

@@ -281,6 +281,8 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
 
 
 Temperature = Annotated[float, Field(ge=0.0)]
+EVAL_TEMPERATURE = 0.0
+"""An evaluation plays the greedy policy unless told otherwise: `turnforge eval`'s default and an eval stage's."""
 """A sampling temperature's type and rule (0 = greedy): a stage that changes only its default keeps the rule."""
 
 

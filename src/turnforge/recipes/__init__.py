@@ -31,17 +31,36 @@ Every field, its default and meaning: `[model]`/`[env]` in `turnforge.recipes.sc
 file `turnforge.stages.<kind>` (config class and run, registered once).
 """
 
-from turnforge.recipes.loading import RecipeError, find_recipe, load_recipe, packaged_recipes, parse_recipe
-from turnforge.recipes.recipe import Recipe
-from turnforge.recipes.schema import EnvConfig, ModelConfig
-from turnforge.stages.collect import CollectStage
-from turnforge.stages.config import PlaysEnv, RolloutStage, StageConfig, TrainStage
-from turnforge.stages.dpo import DPOStageConfig
-from turnforge.stages.envtune import EnvTuneStageConfig
-from turnforge.stages.eval import EvalStage
-from turnforge.stages.grpo import GRPOStageConfig
-from turnforge.stages.rft import RFTStageConfig
-from turnforge.stages.sft import SFTStageConfig
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from turnforge.recipes.packaged import packaged_recipes
+
+# The names below load on first use (PEP 562): reading a recipe imports every stage kind, and with them the training
+# libraries (torch, TRL, PEFT: ~4 s), which `turnforge run --help` (it lists `packaged_recipes()`) must not wait for.
+_HOMES = {
+    "turnforge.recipes.loading": ("RecipeError", "find_recipe", "load_recipe", "parse_recipe"),
+    "turnforge.recipes.recipe": ("Recipe",),
+    "turnforge.recipes.schema": ("EnvConfig", "ModelConfig"),
+    "turnforge.stages.collect": ("CollectStage",),
+    "turnforge.stages.config": ("PlaysEnv", "RolloutStage", "StageConfig", "TrainStage"),
+    "turnforge.stages.dpo": ("DPOStageConfig",),
+    "turnforge.stages.envtune": ("EnvTuneStageConfig",),
+    "turnforge.stages.eval": ("EvalStage",),
+    "turnforge.stages.grpo": ("GRPOStageConfig",),
+    "turnforge.stages.rft": ("RFTStageConfig",),
+    "turnforge.stages.sft": ("SFTStageConfig",),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME_OF[name]), name)
+
 
 __all__ = [
     "CollectStage",

@@ -17,6 +17,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from turnforge.envs.base import get_env_spec
 from turnforge.models.loading import LoraSpec
+from turnforge.recipes.packaged import packaged_recipes
 from turnforge.recipes.recipe import Recipe
 from turnforge.recipes.schema import EnvConfig, ModelConfig
 from turnforge.recipes.toml_text import Loc, key_line
@@ -30,12 +31,6 @@ TOP_LEVEL_KEYS = ("name", "description", "model", "env", "scale", "stages")
 
 class RecipeError(ValueError):
     """A recipe that cannot run; the message lists every problem with its file, line and key."""
-
-
-def packaged_recipes() -> dict[str, Path]:
-    """name -> path of the recipes shipped inside the package (src/turnforge/recipes/*.toml)."""
-    here = Path(__file__).parent
-    return {p.stem: p for p in sorted(here.glob("*.toml"))}
 
 
 def find_recipe(spec: str | Path) -> Path:

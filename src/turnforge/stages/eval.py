@@ -22,7 +22,7 @@ from turnforge.rundir import SUMMARY_FILE
 from turnforge.stages.config import STAGE_NAME, RolloutStage
 from turnforge.stages.context import RunContext
 from turnforge.stages.registry import register_stage
-from turnforge.types import Temperature
+from turnforge.types import EVAL_TEMPERATURE, Temperature
 
 EVAL_DIR = "eval"
 
@@ -34,7 +34,7 @@ class EvalStage(RolloutStage):
     name: str = Field(default="eval", pattern=STAGE_NAME)
     policy: Literal["expert", "random", "hf"] = "hf"
     split: str = "test"
-    temperature: Temperature = 0.0
+    temperature: Temperature = EVAL_TEMPERATURE
     """Sampling temperature; 0 = greedy (an evaluation plays the greedy policy unless told otherwise)."""
 
 
