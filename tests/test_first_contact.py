@@ -176,7 +176,7 @@ def test_ctrl_c_in_a_training_stage_says_the_same_command_resumes(tmp_path, monk
            f"{out / 'stages/02-sft/checkpoints/checkpoint-5'}" in result.output
 
 
-def test_model_tiny_means_the_offline_tiny_model(tmp_path):
+def test_model_tiny_means_the_offline_tiny_model(tmp_path, monkeypatch):
     """`eval --model tiny` asked the Hub for 63 s, then named an internal function (resolve_model)."""
     out = tmp_path / "tiny"
     args = ["eval", "--env", "household", "--policy", "hf", "--model", "tiny", "--tasks", "1", "--max-turns", "1",
@@ -186,12 +186,51 @@ def test_model_tiny_means_the_offline_tiny_model(tmp_path):
     assert (out / "models" / "tiny" / "config.json").is_file()  # built offline, as a recipe's
     assert json.loads((out / "run.json").read_text())["model"] == "tiny"
 
-    served = runner.invoke(app, ["serve", "--model", "tiny"])
-    _one_line_error(served, "runs/qs/models/tiny")
     missing = runner.invoke(app, ["eval", "--env", "household", "--policy", "hf", "--model", "/no/such/model",
                                   "--out", str(tmp_path / "missing")])
     _one_line_error(missing, '"tiny"')
     assert "resolve_model" not in missing.output
+
+
+def test_a_missing_local_model_is_refused_before_the_hub_is_asked(tmp_path, monkeypatch):
+    """Issue 53: `--model runs/nothere` (one slash, as a Hub id has) was tried on the Hub for ~52 s. A path whose first
+    folder exists here is local; only what could be a Hub id is looked up there."""
+    from turnforge.models.loading import looks_local
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # were it asked, the Hub would be (and the line would differ)
+    result = runner.invoke(app, ["eval", "--env", "household", "--policy", "hf", "--model", "runs/nothere",
+                                 "--out", "out"])
+    _one_line_error(result, "model folder runs/nothere does not exist")
+    assert not (tmp_path / "out").exists()
+    assert [looks_local(spec) for spec in ("runs/nothere", "./m", "~/m", "/m", "a/b/c")] == [True] * 5
+    assert [looks_local(spec) for spec in ("Qwen/Qwen3-4B-Instruct-2507", "gpt2", "nothere/model")] == [False] * 3
+
+
+def test_serve_model_tiny_builds_and_serves_the_tiny_model(tmp_path):
+    """Issue 53: `serve --model tiny` sent the user to the 15-minute quickstart; it builds the tiny model (the one
+    `eval --model tiny` builds for the same env) and serves it under the name tiny."""
+    import httpx
+
+    command = [*CLI, "serve", "--model", "tiny", "--port", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = proc.stdout.readline()  # "serving tiny at http://127.0.0.1:PORT (Ctrl-C stops)", once it listens
+        assert line.startswith("serving tiny at "), (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = line.split()[3]
+        assert [m["id"] for m in httpx.get(f"{url}/models", timeout=30).json()["data"]] == ["tiny"]
+        reply = httpx.post(f"{url}/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "go to fridge 1"}], "max_tokens": 3})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert "Traceback" not in stderr and "Loading weights" not in stderr, stderr
+    assert not list(tmp_path.iterdir())  # built in a temporary folder, removed at exit
 
 
 def test_bad_sampling_values_fail_before_a_model_loads_and_leave_nothing(tmp_path, monkeypatch):
@@ -225,3 +264,75 @@ def test_check_refuses_absurd_training_values_all_at_once():
         [line] = [x for x in lines if x.strip().startswith(f"--set {pair}:")]
         assert "expected" in line
     load_recipe("quickstart", overrides=["stages.sft.learning_rate=0.5", "stages.sft.max_length=128"])  # still fine
+
+
+HEAVY = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "openenv", "fastapi", "ray", "vllm")
+
+
+def test_help_version_and_envs_import_no_heavy_library():
+    """Issue 53: `turnforge --help`, `--version` and `envs` took ~5.3 s each, importing torch, TRL, PEFT and datasets
+    before parsing the command line. In one process: every command's --help, --version and envs, then the modules
+    they imported (their time is not asserted: the machine's load decides it; what is imported decides the rest)."""
+    walk = """
+import sys
+import typer
+from typer.testing import CliRunner
+from turnforge.cli import app
+
+def commands(command, path):
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from commands(sub, [*path, name])
+
+runner = CliRunner()
+calls = [[*path, "--help"] for path in commands(typer.main.get_command(app), [])] + [["--version"], ["envs"]]
+for args in calls:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0 and result.output, (args, result.output)
+print(len(calls), " ".join(sorted(sys.modules)))
+"""
+    result = subprocess.run([sys.executable, "-c", walk], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    count, modules = result.stdout.split(" ", 1)
+    assert int(count) >= 16  # the commands and groups, each with --help
+    imported = {name.split(".")[0] for name in modules.split()}
+    assert imported & set(HEAVY) == set()
+    assert "turnforge.cli" in modules.split() and "turnforge.envs.household" in modules.split()  # envs listed them
+
+
+def test_out_anywhere_inside_a_run_or_an_eval_is_refused_naming_its_owner(tmp_path, monkeypatch):
+    """Issue 53: `eval --out runs/mini/stages` (or runs/mini/eval, runs/mini/eval/expert) wrote episodes.jsonl,
+    summary.json and owner.json inside the run, and rewrote eval/expert's summary; only the run folder itself was
+    protected."""
+    from turnforge.rundir import claim
+
+    monkeypatch.chdir(tmp_path)
+    run = Path("runs/mini")
+    (run / "stages").mkdir(parents=True)
+    claim(run, "recipe")  # what `turnforge run` records in its folder
+    run_eval("household", {}, "expert", "test", 1, 1, 0, run / "eval" / "expert")  # a recipe's eval stage's folder
+    summary = (run / "eval" / "expert" / "summary.json").read_text()
+    expert_eval = ["eval", "--env", "household", "--tasks", "1"]
+    for out in ("runs/mini/stages", "runs/mini/eval", "runs/mini/eval/expert", "runs/mini/eval/expert/again"):
+        result = runner.invoke(app, [*expert_eval, "--out", out])
+        owner = "runs/mini/eval/expert" if out.endswith("again") else "runs/mini"
+        _one_line_error(result, f"--out {out} is inside {owner}, which holds the results of `turnforge")
+    for command in (["run", "quickstart", "--check"], ["household", "export", "--n", "1"]):
+        _one_line_error(runner.invoke(app, [*command, "--out", "runs/mini/stages/x"]), "inside runs/mini")
+    episodes = str(run / "eval" / "expert" / "episodes.jsonl")
+    _one_line_error(runner.invoke(app, ["data", "import", episodes, "--schema", "trl-sft", "--out",
+                                        "runs/mini/data.jsonl"]), "inside runs/mini")
+    assert sorted(p.name for p in (run / "stages").iterdir()) == [] and not (run / "stages" / "owner.json").exists()
+    assert (run / "eval" / "expert" / "summary.json").read_text() == summary
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["expert"]
+    assert runner.invoke(app, [*expert_eval, "--out", "runs/other"]).exit_code == 0  # beside it: fine
+
+
+def test_usage_errors_are_one_error_line_like_the_commands_own():
+    """Issue 53: click's usage errors printed a usage block and `Error: ...`, the commands' refusals `error: ...`."""
+    for args, says in ((["eval", "--env", "household"], "Missing option '--out'"),
+                       (["eval", "--env", "household", "--out", "x", "--tasks", "many"], "Invalid value for '--tasks'"),
+                       (["nosuch"], "No such command 'nosuch'")):
+        result = runner.invoke(app, args)
+        _one_line_error(result, says)
+        assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output

@@ -64,14 +64,34 @@ def check_out_parents(out: Path) -> None:
             return
 
 
+def check_outside_runs(out: Path) -> None:
+    """An `--out` given on the command line is not inside a folder that a command owns (a run, an eval, a
+    comparison, at any depth: `runs/mini/stages`, `runs/mini/eval/expert`): what it wrote there would mix with that
+    command's files and overwrite them. Only the owner record counts here (`OWNER_FILE`), not the files an older
+    version's folder is recognised by: a `config.toml` in a working folder makes no run of it. The commands' own
+    folders inside a run (its stages, its evals) are made by the run itself, which does not come through here."""
+    for parent in Path(out).absolute().parents:
+        owner = recorded_owner(parent)
+        if owner is not None:
+            shown = parent if Path(out).is_absolute() else os.path.relpath(parent)  # as --out was written
+            raise ValueError(f"--out {out} is inside {shown}, which holds the results of {OWNERS[owner]}; give a "
+                             "path outside it")
+
+
+def recorded_owner(folder: Path) -> str | None:
+    """The kind of command that `folder`'s owner record names (a key of `OWNERS`), or None."""
+    try:
+        kind = json.loads((folder / OWNER_FILE).read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if kind in OWNERS else None
+
+
 def owner_of(out: Path) -> str | None:
     """The kind of command `out` belongs to (a key of `OWNERS`: "recipe", "eval", "compare"), or None for a new or
     foreign folder."""
-    try:
-        kind = json.loads((out / OWNER_FILE).read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError):
-        kind = None
-    if kind in OWNERS:
+    kind = recorded_owner(out)
+    if kind is not None:
         return kind
     # An older version wrote no owner record: its files say whose the folder is.
     if (out / CONFIG_FILE).is_file() or (out / STAGES_DIR).is_dir():

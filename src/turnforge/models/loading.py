@@ -95,12 +95,12 @@ def load_model(
     both, the existing adapter is merged into the weights first and the new one trains on top (the DPO-after-SFT
     setup). A folder that holds an adapter may be passed as `path_or_id`: its base model comes from its config.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     base, adapter = _base_and_adapter(str(path_or_id), str(adapter) if adapter is not None else None)
     for folder in (base, adapter):
-        if folder is not None and _looks_local(folder) and not Path(folder).expanduser().is_dir():
-            raise FileNotFoundError(f"model folder {folder} does not exist; {_WHAT_TO_GIVE}")
+        if folder is not None:
+            check_model_folder(folder)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # after the check: a typo is refused at once
+
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     tokenizer_from = adapter if adapter is not None and _has_tokenizer(Path(adapter)) else base
@@ -142,13 +142,25 @@ def _base_and_adapter(path_or_id: str, adapter: str | None) -> tuple[str, str | 
 
 _WHAT_TO_GIVE = (
     'give a local folder with config.json (e.g. a run\'s model/ folder), a Hugging Face model id, or "tiny" '
-    "(in a recipe or `turnforge eval`: the offline tiny model, built into OUT/models/tiny)"
+    "(the offline tiny model: a recipe and `turnforge eval` build it into OUT/models/tiny, `turnforge serve` at start)"
 )
 
 
-def _looks_local(spec: str) -> bool:
-    """A filesystem path rather than a Hub id ("name" or "org/name"): checked here, not tried on the Hub."""
-    return spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or Path(spec).exists()
+def check_model_folder(spec: str) -> None:
+    """Refuse (FileNotFoundError) a model that is clearly a local path and is not there, before the Hub is asked
+    about it (transformers retried a missing `runs/nothere` on the Hub for ~50 s)."""
+    if looks_local(spec) and not Path(spec).expanduser().is_dir():
+        raise FileNotFoundError(f"model folder {spec} does not exist; {_WHAT_TO_GIVE}")
+
+
+def looks_local(spec: str) -> bool:
+    """A filesystem path rather than a Hub id ("name" or "org/name"): it starts with `/`, `.` or `~`, has more than
+    two parts, exists, or its first part is a folder here (`runs/nothere` beside a `runs/` folder). Only the rest
+    could be a Hub id."""
+    if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or Path(spec).exists():
+        return True
+    first, slash, _ = spec.partition("/")
+    return bool(slash) and Path(first).is_dir()
 
 
 def _has_tokenizer(folder: Path) -> bool:

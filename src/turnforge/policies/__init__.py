@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from turnforge.models.loading import check_model_folder
 from turnforge.policies.base import BackendError, Generation, Policy, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy, RandomPolicy, ReplayPolicy
 
@@ -86,13 +87,15 @@ def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: A
     if parsed.kind == "replay":
         return ReplayPolicy(parsed.target)
     if parsed.kind == "hf":
+        path = _model_path(parsed, model)  # checked first: a missing folder is refused before torch loads
         from turnforge.policies.hf import HFPolicy  # imports torch and transformers: only when asked for
 
-        return HFPolicy(_model_path(parsed, model), **options)
+        return HFPolicy(path, **options)
     if parsed.kind == "vllm":
+        path = _model_path(parsed, model)
         from turnforge.policies.vllm import VLLMPolicy  # imports vllm: only when asked for
 
-        return VLLMPolicy(_model_path(parsed, model), **{k: v for k, v in options.items() if k in ("dtype", "window", "adapter")})
+        return VLLMPolicy(path, **{k: v for k, v in options.items() if k in ("dtype", "window", "adapter")})
     if parsed.kind == "openai":
         if parsed.model and model and parsed.model != model:
             raise ValueError(f"two models for one policy: {spec!r} and --model {model}; give one")
@@ -114,4 +117,5 @@ def _model_path(spec: PolicySpec, model: str | None) -> str:
         raise ValueError(
             f"--policy {spec.kind} needs a model: {spec.kind}:PATH or --model PATH_OR_HUB_ID (e.g. a run's sft/model folder)"
         )
+    check_model_folder(path)
     return path

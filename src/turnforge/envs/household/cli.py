@@ -20,10 +20,11 @@ def export(
     """Write household tasks as ALFWorld game files that alfworld's AlfredTWEnv loads."""
     from turnforge.envs.base import load_tasks
     from turnforge.envs.household.export import export_games
-    from turnforge.rundir import check_out_dir
+    from turnforge.rundir import check_out_dir, check_outside_runs
 
     try:
         check_out_dir(out)
+        check_outside_runs(out)
         tasks = load_tasks("household", split, limit=n, seed=seed)
         paths = export_games(tasks, out)
     except (ValueError, RuntimeError) as e:
