@@ -199,3 +199,19 @@ def test_trl_environment_factory_plays_a_banking_task():
         for call in reply.tool_calls:
             completion.append({"role": "tool", "content": getattr(environment, call.name)(**call.arguments)})
     assert env_reward([completion], [environment]) == [1.0]
+
+
+def test_served_over_openenv_the_expert_episodes_get_their_rewards(tmp_path):
+    """`turnforge env serve` of this domain, driven by openenv's GenericEnvClient: the expert's episodes replayed
+    there (text and stored messages) get the reward `turnforge eval` gave them."""
+    pytest.importorskip("openenv")
+    from openenv_servers import client, expert_run, play
+    from turnforge.integrations.openenv.server import running_server
+
+    options = {**BANK, "retrieval": "bm25_grep"}
+    summary, episodes = expert_run("service", options, 4, tmp_path / "direct")
+    assert summary["success"] == 1.0
+    with running_server("service", options, "test") as url, client(url) as session:
+        for traj, how in zip(episodes, ("text", "stored", "text", "stored"), strict=True):
+            result, state = play(session, traj, how, options)
+            assert (result.done, result.reward, state["score"]["reward"]) == (True, 1.0, 1.0)
