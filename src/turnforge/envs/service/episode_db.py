@@ -8,7 +8,8 @@ hashes of the airline DB (benchmarks/service_env.py measures it). Here:
 - the base DB is parsed once per process (`SharedDB`) and never written;
 - an episode sees it through `EpisodeDB`: each top-level dict collection (orders, users, flights, ...) is a
   `RecordOverlay` that deep-copies a record the first time it is fetched *by key* and keeps that copy for
-  the episode; other top-level fields are deep-copied at reset (small). Iterating a collection yields the
+  the episode, and so is the `data` dict of a top-level table model (banking_knowledge's `{data, notes}`
+  tables, seen through a `TableView`); other top-level fields are deep-copied at reset (small). Iterating a collection yields the
   episode's copy where there is one, else the shared record, so tools must change only records they
   fetched by key (every tau2 retail / airline tool does; `test_service_db.py` checks the base stays intact);
 - two episode DBs built on the same base are equal exactly when tau2's hashes are: their canonical JSON
@@ -43,9 +44,14 @@ class SharedDB:
 
     def __init__(self, db: BaseModel):
         self.model = db
-        self.collections = {
-            name: getattr(db, name) for name in type(db).model_fields if isinstance(getattr(db, name), dict)
-        }
+        self.collections: dict[str, dict] = {}
+        self.tables: dict[str, BaseModel] = {}  # name -> a table model whose `data` dict is the collection
+        for name in type(db).model_fields:
+            value = getattr(db, name)
+            if isinstance(value, dict):
+                self.collections[name] = value
+            elif isinstance(value, BaseModel) and isinstance(getattr(value, "data", None), dict):
+                self.collections[name], self.tables[name] = value.data, value
         self.others = [name for name in type(db).model_fields if name not in self.collections]
         self._json: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
@@ -128,15 +134,31 @@ def _deep_copy(record: Any) -> Any:
     return copy.deepcopy(record)
 
 
+class TableView:
+    """A table model as an episode sees it: `data` is the episode's overlay, its other fields the shared model's
+    (read-only: no tool changes a table's notes)."""
+
+    def __init__(self, overlay: RecordOverlay, table: BaseModel):
+        self.data, self._table = overlay, table
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+
 class EpisodeDB:
     """An episode's DB: attribute access like the pydantic DB (`db.orders[...]`), writes kept to itself."""
 
     def __init__(self, shared: SharedDB):
+        overlays = {n: RecordOverlay(c) for n, c in shared.collections.items()}
         object.__setattr__(self, "_shared", shared)
-        object.__setattr__(self, "_overlays", {n: RecordOverlay(c) for n, c in shared.collections.items()})
+        object.__setattr__(self, "_overlays", overlays)
+        object.__setattr__(self, "_views", {n: TableView(overlays[n], t) for n, t in shared.tables.items()})
         object.__setattr__(self, "_others", {n: copy.deepcopy(getattr(shared.model, n)) for n in shared.others})
 
     def __getattr__(self, name: str) -> Any:
+        views = object.__getattribute__(self, "_views")
+        if name in views:
+            return views[name]
         overlays = object.__getattribute__(self, "_overlays")
         if name in overlays:
             return overlays[name]
@@ -187,7 +209,11 @@ class EpisodeDB:
         """The whole DB as tau2's `model_dump()` would give it (materialises every record)."""
         out: dict[str, Any] = {}
         for name in type(self._shared.model).model_fields:
-            if name in self._overlays:
+            if name in self._shared.tables:
+                table = self._shared.tables[name]
+                out[name] = {**table.model_dump(exclude={"data"}),
+                             "data": {k: _dump(v) for k, v in self._overlays[name].items()}}
+            elif name in self._overlays:
                 out[name] = {k: _dump(v) for k, v in self._overlays[name].items()}
             else:
                 out[name] = _dump(self._others[name])

@@ -14,6 +14,7 @@ recursively, numbers as strings at any depth, strings as they are, then `json.du
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import json
 import re
@@ -63,12 +64,7 @@ class Toolkit:
     @classmethod
     def tool_kinds(cls) -> dict[str, ToolKind]:
         """Tool name -> kind, in name order (tau2 lists a toolkit's tools by name)."""
-        kinds = {}
-        for name in sorted(dir(cls)):
-            kind = getattr(getattr(cls, name, None), TOOL_KIND_ATTR, None)
-            if kind is not None:
-                kinds[name] = kind
-        return kinds
+        return dict(_tool_kinds(cls))
 
     @classmethod
     def callable_names(cls) -> set[str]:
@@ -95,6 +91,17 @@ class Toolkit:
         except Exception as e:  # any failure of the call is the agent's observation (tau2: "Error: {e}")
             return ToolResult(to_json_str(f"Error: {e}"), True)
         return ToolResult(to_json_str(result), False)
+
+
+@functools.cache
+def _tool_kinds(cls: type) -> tuple[tuple[str, ToolKind], ...]:
+    """A toolkit class's tools, read once (every call asks; `dir` of a 60-method class is not free)."""
+    kinds = []
+    for name in sorted(dir(cls)):
+        kind = getattr(getattr(cls, name, None), TOOL_KIND_ATTR, None)
+        if kind is not None:
+            kinds.append((name, kind))
+    return tuple(kinds)
 
 
 def to_json_str(value: Any) -> str:

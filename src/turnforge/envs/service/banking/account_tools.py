@@ -55,15 +55,6 @@ def eligibility_error(accounts: list[dict], account_type: str) -> str | None:
     return None
 
 
-def records_text(records: list[tuple[str, dict]], table: str) -> str:
-    lines = [f"Found {len(records)} record(s) in '{table}':\n"]
-    for i, (record_id, record) in enumerate(records, 1):
-        lines.append(f"{i}. Record ID: {record_id}")
-        lines += [f"   {field}: {value}" for field, value in record.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
 def txn_date(item: tuple[str, dict]) -> datetime:
     text = str(item[1].get("date", ""))
     for fmt in ("%m/%d/%Y %H:%M:%S", "%m/%d/%Y"):
@@ -341,7 +332,7 @@ class AccountTools:
         # most recent first; a stable sort keeps same-date records in their stored order (tau2's tie rule)
         txns = sorted(tables.query(self.db, "bank_account_transaction_history", account_id=account_id), key=txn_date,
                       reverse=True)
-        listing = records_text(txns, "bank_account_transaction_history") if txns else \
+        listing = tables.listing(txns, "bank_account_transaction_history") if txns else \
             "\nNo transactions found for this account."
         return "\n".join(["Bank account transactions retrieved successfully.", "",
                           "Executed: get_bank_account_transactions_9173", f"Transactions for account {account_id}:",

@@ -119,16 +119,19 @@ def query_text(db: Any, table: str, constraints: str = "{}") -> str:
         except json.JSONDecodeError as e:
             return f"Error: Invalid JSON: {e}"
         results = query(db, table, **parsed)
-        if not results:
-            return f"No records found in '{table}'."
-        lines = [f"Found {len(results)} record(s) in '{table}':\n"]
-        for i, (record_id, record) in enumerate(results, 1):
-            lines.append(f"{i}. Record ID: {record_id}")
-            lines += [f"   {field}: {value}" for field, value in record.items()]
-            lines.append("")
-        return "\n".join(lines)
+        return listing(results, table) if results else f"No records found in '{table}'."
     except Exception as e:  # tau2 reports any failure of the query as text
         return f"Error querying database: {e}"
+
+
+def listing(records: list[tuple[str, dict]], table: str) -> str:
+    """tau2's numbered listing of (record id, record) pairs, every field on its own line."""
+    lines = [f"Found {len(records)} record(s) in '{table}':\n"]
+    for i, (record_id, record) in enumerate(records, 1):
+        lines.append(f"{i}. Record ID: {record_id}")
+        lines += [f"   {field}: {value}" for field, value in record.items()]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def query_field(db: Any, table: str, field: str, value: str) -> str:

@@ -226,6 +226,7 @@ class DebitCardLifecycle:
         for other_id, other in self.db.debit_cards.data.items():
             if other_id != args["card_id"] and other.get("account_id") == card.get("account_id") and \
                     other.get("status") == "ACTIVE":
+                other = self.db.debit_cards.data[other_id]  # by key: the episode's own copy (episode_db.py)
                 other["status"] = old_status
                 other["deactivated_date" if old_status == "DEACTIVATED" else "grace_period_ends"] = today
                 other["deactivation_reason"] = note

@@ -11,6 +11,7 @@ Its `__qualname__` is tau2's (`KnowledgeTools.<name>`), because an argument erro
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -31,8 +32,9 @@ def discoverable(kind: ToolKind, mutates: bool | None = None) -> Callable[[Calla
     return mark
 
 
+@functools.cache
 def discoverable_tools(cls: type) -> dict[str, Callable]:
-    """Name -> method of every discoverable tool of a toolkit class."""
+    """Name -> method of every discoverable tool of a toolkit class (read once per class; do not change it)."""
     return {name: getattr(cls, name) for name in dir(cls)
             if getattr(getattr(cls, name, None), DISCOVERABLE_ATTR, None) is not None}
 
