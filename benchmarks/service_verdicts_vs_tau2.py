@@ -77,7 +77,19 @@ def variant_actions(env, spec: dict, variant: str, rng: random.Random) -> list[d
     return actions
 
 
-def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: str, strict: bool = False) -> dict:
+def tau2_env_kwargs(domain: str, spec: dict, retrieval: str) -> dict:
+    """tau2's per-task environment arguments: banking_knowledge's retrieval variant and read-log allowlist (the tools
+    its gold actions call through call_discoverable_agent_tool: tau2's runner `_derive_read_log_allowlist`)."""
+    if domain != "banking_knowledge":
+        return {}
+    actions = (spec.get("evaluation_criteria") or {}).get("actions") or []
+    allow = {(a.get("arguments") or {}).get("agent_tool_name") for a in actions
+             if a["name"] == "call_discoverable_agent_tool"} - {None}
+    return {"retrieval_variant": retrieval, "read_log_allowlist": allow}
+
+
+def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: str, strict: bool = False,
+                 retrieval: str = "bm25") -> dict:
     msg = importlib.import_module("tau2.data_model.message")
     tasks = importlib.import_module("tau2.data_model.tasks")
     env_eval = importlib.import_module("tau2.evaluator.evaluator_env").EnvironmentEvaluator
@@ -102,7 +114,8 @@ def tau2_verdict(domain: str, spec: dict, history: list[Message], termination: s
         return {"reward": 0.0, "breakdown": {}}
     basis = [str(getattr(b, "value", b)) for b in task.evaluation_criteria.reward_basis]
     env_info = env_eval.calculate_reward(environment_constructor=partial(get_env), task=task,
-                                         full_trajectory=trajectory, strict_replay=strict)
+                                         full_trajectory=trajectory, strict_replay=strict,
+                                         env_kwargs=tau2_env_kwargs(domain, spec, retrieval))
     act_info = act_eval.calculate_reward(task=task, full_trajectory=trajectory)
     com_info = com_eval.calculate_reward(task=task, full_trajectory=trajectory)
     breakdown = {}
@@ -123,6 +136,7 @@ def main() -> None:
     parser.add_argument("--tau2-src", required=True)
     parser.add_argument("--domain", default="airline")
     parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--retrieval", default="bm25", help="banking_knowledge's retrieval variant, both sides")
     parser.add_argument("--strict-replay", action="store_true",
                         help="tau2 replays strictly: a mutating call whose output differs from ours raises")
     args = parser.parse_args()
@@ -133,7 +147,8 @@ def main() -> None:
 
     logger.remove()
     logging.disable(logging.WARNING)
-    opts = {"domain": args.domain, "data_dir": args.data_dir}
+    opts = {"domain": args.domain, "data_dir": args.data_dir,
+            **({"retrieval": args.retrieval} if args.domain == "banking_knowledge" else {})}
     env = make_env("service", **opts)
     rng = random.Random(0)
     compared = disagreements = db_agree = 0
@@ -142,7 +157,8 @@ def main() -> None:
         for variant in VARIANTS:
             history, score = play(env, task, variant, rng)
             ours = {k: v for k, v in score.details["reward_breakdown"].items() if k != "NL_ASSERTION"}
-            theirs = tau2_verdict(args.domain, task.data, history, score.details["termination"], args.strict_replay)
+            theirs = tau2_verdict(args.domain, task.data, history, score.details["termination"], args.strict_replay,
+                                  args.retrieval)
             compared += 1
             db_agree += score.details.get("db_match") == theirs.get("db_match")
             agree = ours == theirs["breakdown"] or (score.details["termination"] not in ("agent_stop", "user_stop")
