@@ -150,11 +150,12 @@ def test_a_model_user_gets_the_tools_its_task_lists(tmp_path):
     bank = domain()
     with_tools = next(t for t in bank.tasks.values() if t.get("user_tools") == ["apply_for_credit_card"])
     without = next(t for t in bank.tasks.values() if t.get("user_tools") == [])
-    for task, expected in ((with_tools, ["apply_for_credit_card"]), (without, None)):
+    unknown = {**with_tools, "user_tools": ["apply_for_credit_card", "no_such_tool"]}  # tau2: its look-up raises,
+    for task, expected in ((with_tools, ["apply_for_credit_card"]), (without, None), (unknown, None)):  # no tools
         model = ScriptedUserModel(["Hello, I need a card."])
         env = make_env("service", **BANK, user="hf:unused")
         env.use_roles({"user": model})
-        env.reset(bank.to_task(task["id"], "test"))
+        env.reset(Task(task["id"], "service", "test", "banking_knowledge", task))
         tools = model.calls[-1][1]
         assert ([s["function"]["name"] for s in tools] if tools else None) == expected
 

@@ -144,11 +144,13 @@ class ServiceEnv:
 
     def _task_user_tools(self) -> list[dict] | None:
         """The user's tools in this task: tau2 gives its user only those the task's `user_tools` names (all when
-        it names none; none when it is an empty list)."""
+        it names none; none when it is an empty list, or names a tool the user lacks: tau2's look-up raises there
+        and its runner gives the user no tools)."""
         names = self.spec.get("user_tools")
         if names is None or self._user_tools is None:
             return self._user_tools
-        return [s for s in self._user_tools if s["function"]["name"] in names] or None
+        listed = [s for s in self._user_tools if s["function"]["name"] in names]
+        return listed if listed and len(listed) == len(set(names)) else None
 
     # ---- turns -------------------------------------------------------------------------------------------
     def _message_turn(self, reply: Message) -> list[Message]:
