@@ -142,8 +142,8 @@ class Finished:
 class TurnEngine:
     """One model's continuous-batching engine: `submit` a reply, get a `Future[Finished]`.
 
-    `on_token(ids_so_far)`, when given, is called (on the engine's result thread) each time the reply grows: what
-    `turnforge serve` streams. `prefix_sharing` off: no block is reused across requests (a server switching LoRA
+    `on_token(ids_so_far, their_logprobs)`, when given, is called (on the engine's result thread) each time the reply
+    grows: what `turnforge serve` streams. `prefix_sharing` off: no block is reused across requests (a server switching LoRA
     adapters, whose blocks differ per adapter for the same ids).
     """
 
@@ -231,7 +231,10 @@ class TurnEngine:
                 self.generated += len(ids)
                 future.set_result(Finished(ids, reply.logprobs[: len(ids)]))
             elif on_token is not None:
-                on_token(list(out.generated_tokens))
+                ids = list(out.generated_tokens)
+                with self.sampling.lock:
+                    reply = self.sampling.replies.get(out.request_id)
+                on_token(ids, list(reply.logprobs[: len(ids)]) if reply is not None else [])
 
     def _close(self, request: str) -> Reply:
         with self._lock:

@@ -114,8 +114,8 @@ class HFPolicy:
     def generate(self, prompts: list[Prompt], params: SamplingParams, on_token=None) -> list[Generation]:
         """One reply per prompt, in order: every prompt is an engine request at once, and the call returns when all
         are answered. A prompt with no room for `max_new_tokens` in the model's context is refused
-        (`refuse_overlong`), never cut or run past it. `on_token(i, ids)` (a single streamed reply's growth,
-        `turnforge serve`) is called as prompt i's reply grows."""
+        (`refuse_overlong`), never cut or run past it. `on_token(i, ids, logprobs)`, when given, is called (from
+        the engine's thread) as prompt i's reply grows: what `turnforge serve` streams."""
         ids = [prompt_ids(p, self.renderer) for p in prompts]
         if any(not row for row in ids):
             raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
@@ -127,7 +127,7 @@ class HFPolicy:
             if out[i] is None:
                 reply = Reply(params.temperature, params.top_k, params.top_p, row_seed(params.seed, prompt, row),
                               explores(params, prompt))
-                stream = (lambda grown, i=i: on_token(i, grown)) if on_token is not None else None
+                stream = (lambda ids, logprobs, i=i: on_token(i, ids, logprobs)) if on_token is not None else None
                 futures[i] = self.engine.submit(row, params.max_new_tokens, reply, stream)
         for i, future in futures.items():
             done = future.result()

@@ -16,16 +16,16 @@ started: an `error` event); `param` names the field at fault, or is null.
 `POST /v1/completions` scores token ids with vLLM's `prompt_logprobs` (policies/serve_scoring.py): the server can
 be an on-policy distillation teacher (`teacher = "openai:URL"`).
 
-Batching: every choice of every open request joins one batching queue (`RoleQueues`, policies/queue.py), whose
-`live` count is the prompts still waiting for the model: a request that finds the model idle runs at once, and
-those that arrive while it is busy make up the next batched `generate` call.
+Batching: every choice of every open request is one request of the hf engine (policies/engine.py), which steps all
+open ones together and hands each back as it ends; the batching queue (`RoleQueues`, policies/queue.py) passes them
+on as they come (with LoRA adapters, one adapter's group at a time).
 
 Token-exact conversations (docs/decisions.md, "turnforge serve"): a client sends back text, and re-tokenizing a
 reply need not give the ids the model wrote. The server keeps, for each reply it made, the rendered
 conversation up to the end of that reply and the ids the model actually saw and wrote (`ReplyMemory`); a
 request that continues one starts from those ids and tokenizes only the new part, which always begins right
 after the end-of-turn token. So an episode over HTTP sees the same ids as one run in-process, and the hf
-policy's per-episode prefix cache is reused between turns (its key follows the conversation).
+engine's shared KV blocks cover the conversation so far (blocks are shared by content).
 
 LoRA adapters are chosen by the request's `model`: `--adapter NAME=PATH` serves the adapter as model NAME;
 the base model keeps its own name.
@@ -42,8 +42,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -64,7 +65,15 @@ from turnforge.policies.base import (
 from turnforge.policies.queue import Role, RoleQueues
 from turnforge.policies.reply_memory import Remembered, ReplyMemory
 from turnforge.policies.serve_scoring import CompletionRequest, complete
-from turnforge.policies.serve_stream import DONE, Choice, choice_chunks, role_chunk, sse
+from turnforge.policies.serve_stream import (
+    DONE,
+    Choice,
+    choice_chunks,
+    early_pieces,
+    piece_chunk,
+    role_chunk,
+    sse,
+)
 from turnforge.types import Message, Task
 
 logger = logging.getLogger(__name__)
@@ -135,11 +144,13 @@ class _ServedPrompt(Prompt):
 
     Its task and sample say which choice of a request it is, and seed its draws (`row_seed`: with the prompt ids,
     so the same request with the same `seed` gives the same samples); `conversation`, a key that follows a
-    conversation from reply to reply, keys the hf prefix cache."""
+    conversation from reply to reply (`ReplyMemory`)."""
 
     params: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
     conversation: tuple[str, int] = ("", 0)
+    on_token: Callable[[list[int], list[float]], None] | None = field(default=None, compare=False)
+    """Told the reply's ids and log-probs as it grows (a streamed request)."""
 
     @property
     def episode(self) -> tuple[str, int]:
@@ -147,14 +158,18 @@ class _ServedPrompt(Prompt):
 
 
 class _PerRequestSettings:
-    """The queue's policy: runs a batch as one `HFPolicy.generate` call per (adapter, sampling settings) group
-    (one call when every request asks the same, the usual case)."""
+    """The queue's policy: runs a batch as one `HFPolicy.generate` call per (adapter, sampling settings) group.
+
+    Without adapters each choice is its own call, `batch_size` at once, and the hf engine batches whatever is open;
+    with adapters, which switch the model's weights for everyone, one group at a time under the model lock."""
 
     name = "serve"
     renderer = None
 
     def __init__(self, hf, adapters: bool, lock: threading.Lock) -> None:
-        self.hf, self.adapters, self.lock = hf, adapters, lock
+        self.hf, self.adapters = hf, adapters
+        self.lock = lock if adapters else contextlib.nullcontext()
+        self.max_in_flight = 1 if adapters else hf.batch_size
 
     def generate(self, prompts: list[_ServedPrompt], _params: SamplingParams) -> list[Generation]:
         groups: dict[tuple, list[int]] = {}
@@ -162,14 +177,15 @@ class _PerRequestSettings:
             groups.setdefault((p.adapter, p.params.model_dump_json()), []).append(i)
         out: list[Generation | None] = [None] * len(prompts)
         for (adapter, _), rows in groups.items():
+            def grown(j: int, ids: list[int], logprobs: list[float], rows=rows) -> None:
+                if prompts[rows[j]].on_token is not None:
+                    prompts[rows[j]].on_token(ids, logprobs)
+
             with self.lock, self._adapter(adapter):
-                gens = self.hf.generate([prompts[i] for i in rows], prompts[rows[0]].params)
+                gens = self.hf.generate([prompts[i] for i in rows], prompts[rows[0]].params, on_token=grown)
             for i, gen in zip(rows, gens, strict=True):
                 out[i] = gen
         return out  # type: ignore[return-value]
-
-    def release(self, keys: list[tuple[str, int]]) -> None:
-        self.hf.release(keys)
 
     @contextlib.contextmanager
     def _adapter(self, name: str | None) -> Iterator[None]:
@@ -195,7 +211,8 @@ class ServedModel:
         self.adapters = dict(adapters or {})
         if self.name in self.adapters:
             raise ValueError(f"--adapter {self.name}=...: the base model is already served as {self.name!r}")
-        self.hf = HFPolicy(model, device=device, dtype=dtype)
+        # Blocks of the same ids differ per adapter: a server with adapters shares none.
+        self.hf = HFPolicy(model, device=device, dtype=dtype, prefix_sharing=not self.adapters)
         if self.adapters:
             _load_adapters(self.hf, self.adapters)
         self.tokenizer = self.hf.tokenizer
@@ -273,8 +290,15 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
             job = _prepare(served, request)  # a bad request is refused here, before a stream starts
             if not request.stream:
                 return _completion(served, request, job, await _answer(served, state, request, job))
-            answer = _run_to_the_end(state, _answer(served, state, request, job))
-            return StreamingResponse(_stream(served, request, job, answer), media_type="text/event-stream")
+            grown: asyncio.Queue = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+            streamed = not (request.tools and request.tool_choice != "none")  # a tool call is known at the end
+
+            def on_token(index: int, ids: list[int], logprobs: list[float]) -> None:
+                loop.call_soon_threadsafe(grown.put_nowait, (index, ids, logprobs))
+
+            answer = _run_to_the_end(state, _answer(served, state, request, job, on_token if streamed else None))
+            return StreamingResponse(_stream(served, request, job, answer, grown), media_type="text/event-stream")
         except Exception as e:
             raise _failure(e) from None
 
@@ -366,11 +390,14 @@ def _sampling(request: ChatRequest, max_new: int) -> SamplingParams:
         raise APIError(400, f"{param}: {first['msg']}", param) from None
 
 
-async def _answer(served: ServedModel, state: dict[str, Any], request: ChatRequest, job: _Job) -> list[Choice]:
-    """Generate the request's choices, parse their tool calls and remember their ids (`ReplyMemory`)."""
+async def _answer(served: ServedModel, state: dict[str, Any], request: ChatRequest, job: _Job,
+                  on_token: Callable[[int, list[int], list[float]], None] | None = None) -> list[Choice]:
+    """Generate the request's choices, parse their tool calls and remember their ids (`ReplyMemory`);
+    `on_token(choice, ids, logprobs)` is told each choice's reply as it grows."""
     gens = await _generate(state, [
         _ServedPrompt(messages=[], task=Task("choice", "serve", "", ""), sample=index, turn=0, ids=job.ids,
-                      params=job.params, adapter=job.adapter, conversation=key)
+                      params=job.params, adapter=job.adapter, conversation=key,
+                      on_token=partial(on_token, index) if on_token is not None else None)
         for index, key in enumerate(job.keys)
     ])
     tools = bool(request.tools) and request.tool_choice != "none"
@@ -417,24 +444,44 @@ def _run_to_the_end(state: dict[str, Any], answer: Coroutine[Any, Any, list[Choi
     return task
 
 
-async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: asyncio.Task) -> AsyncIterator[str]:
-    """The `chat.completion.chunk` events (stream: true); policies/serve_stream.py says how a reply is cut."""
+async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: asyncio.Task,
+                  grown: asyncio.Queue) -> AsyncIterator[str]:
+    """The `chat.completion.chunk` events (stream: true): each choice's pieces as its reply grows (`grown`), the
+    rest when it ends; policies/serve_stream.py says how a reply is cut."""
     usage = request.stream_options is not None and request.stream_options.include_usage
     head: dict[str, Any] = {"id": job.id, "object": "chat.completion.chunk", "created": job.created,
                             "model": request.model} | ({"usage": None} if usage else {})
     first = head | ({"prompt_token_ids": job.ids} if request.return_token_ids else {})
     for index in range(request.n):
         yield sse((first if index == 0 else head) | {"choices": [role_chunk(index)]})
+    decode = served.tokenizer.decode
+    sent = [0] * request.n
+    entries: list[list[dict]] = [[] for _ in range(request.n)]  # each choice's logprob entries so far
+    while not answer.done():
+        update = asyncio.ensure_future(grown.get())
+        await asyncio.wait({update, answer}, return_when=asyncio.FIRST_COMPLETED)
+        if not update.done():
+            update.cancel()
+            break
+        index, ids, logprobs = update.result()
+        gen = Generation(text="", ids=ids, logprobs=logprobs)
+        if request.logprobs:
+            entries[index] += _logprobs(served, Generation(text="", ids=ids[len(entries[index]):],
+                                                           logprobs=logprobs[len(entries[index]):]))
+        pieces = early_pieces(decode, ids, served.hf.stop_ids, job.params.stop)
+        for piece in pieces[sent[index]:]:
+            chunk = piece_chunk(index, piece, gen, entries[index] if request.logprobs else None, request.return_token_ids)
+            yield sse(head | {"choices": [chunk]})
+        sent[index] = max(sent[index], len(pieces))
     try:
         choices = await asyncio.shield(answer)
     except Exception as e:  # after the 200 header: the error goes in the stream, where OpenAI's clients raise it
         yield sse({"error": _failure(e).body()})
         yield DONE
         return
-    decode = served.tokenizer.decode
     for c in choices:
         logprobs = _logprobs(served, c.gen) if request.logprobs else None
-        for chunk in choice_chunks(c, decode, logprobs, request.return_token_ids):
+        for chunk in choice_chunks(c, decode, logprobs, request.return_token_ids, sent[c.index]):
             yield sse(head | {"choices": [chunk]})
     if usage:
         yield sse(head | {"choices": [], "usage": _usage(job, choices)})

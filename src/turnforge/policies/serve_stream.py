@@ -1,12 +1,14 @@
-"""`stream: true` for `turnforge serve`: a finished reply as OpenAI's `chat.completion.chunk` deltas.
+"""`stream: true` for `turnforge serve`: a reply as OpenAI's `chat.completion.chunk` deltas, token by token.
 
-The hf backend generates a whole batch in one `generate` call and returns whole replies, so the server sends
-each choice's role chunk as soon as a request is accepted and the rest once the reply is written: its text cut
-at token boundaries (one chunk per token, or per few tokens where a token ends inside a UTF-8 character), so a
-client sees the same chunks, and the same concatenated text, as from a server that decodes as it goes; only
-their timing differs. The chunks never hold text past the reply's content (a stop string and what follows it
-are cut away before), and their log-probabilities and token ids (vLLM's `return_token_ids`), put together,
-are the non-streamed reply's.
+The hf engine reports each reply as it grows (`HFPolicy.generate(on_token=...)`); the server sends what is
+already certain (`early_pieces`): the text cut at token boundaries (one chunk per token, or per few tokens where
+a token ends inside a UTF-8 character), holding back the last piece (the next token may still change how it
+decodes) and any tail that could begin a stop string. When the reply ends, the rest follows (`choice_chunks`,
+skipping what was sent), so a client sees the same chunks, and the same concatenated text, as the non-streamed
+reply cut the same way. The chunks never hold text past the reply's content (a stop string and what follows
+it are cut away), and their log-probabilities and token ids (vLLM's `return_token_ids`), put together, are the
+non-streamed reply's. A request with tools streams its reply when it ends: whether the text is a tool call is
+known only then.
 
 Shapes follow OpenAI's chat-completions streaming: the first delta of a choice has the role, then content
 deltas, a tool call as {index, id, type, function.name, arguments ""} followed by its arguments, and a last
@@ -71,14 +73,38 @@ def text_pieces(decode: Callable[[list[int]], str], ids: list[int], content: str
     return pieces
 
 
+def early_pieces(decode: Callable[[list[int]], str], ids: list[int], stop_ids: list[int], stop: list[str]) -> list[Piece]:
+    """The pieces of a growing reply that the finished reply will begin with, whatever comes next: `text_pieces`
+    over its text so far, without a trailing end-of-turn id, without the longest tail that could start a stop
+    string, and without the last piece (a token cut inside a character, or a window the next token re-decodes).
+    A stop string already in the text: nothing more (the finished reply is cut there).
+
+    >>> [p.text for p in early_pieces(lambda ids: "".join("abcde"[i] for i in ids), [0, 1, 2, 3], [], ["dx"])]
+    ['a', 'b']
+    """
+    if ids and ids[-1] in stop_ids:
+        ids = ids[:-1]
+    text = decode(ids)
+    if any(s in text for s in stop):
+        return []
+    held = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    return text_pieces(decode, ids, text[: len(text) - held])[:-1]
+
+
 def role_chunk(index: int) -> dict[str, Any]:
     """A choice's first chunk, sent before its reply is written."""
     return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
+def piece_chunk(index: int, piece: Piece, gen: Generation, logprobs: list[dict] | None, with_ids: bool) -> dict[str, Any]:
+    """A content delta: the piece's text, and its tokens' log-probabilities (and ids, if asked)."""
+    return _chunk(index, {"content": piece.text}, _tokens(gen, logprobs, with_ids, piece.start, piece.end))
+
+
 def choice_chunks(choice: Choice, decode: Callable[[list[int]], str], logprobs: list[dict] | None,
-                  with_ids: bool) -> Iterator[dict[str, Any]]:
-    """A choice's chunks after its role chunk: content (or tool-call) deltas, then the finish chunk.
+                  with_ids: bool, sent: int = 0) -> Iterator[dict[str, Any]]:
+    """A choice's chunks after its role chunk and the `sent` content pieces streamed before it ended: content (or
+    tool-call) deltas, then the finish chunk.
 
     `logprobs`: one OpenAI logprob entry per generated token, or None when the request did not ask for them.
     A tool-call reply's tokens have no text of their own in the deltas: they ride on the finish chunk, like
@@ -92,8 +118,9 @@ def choice_chunks(choice: Choice, decode: Callable[[list[int]], str], logprobs: 
         for delta in _tool_call_deltas(message["tool_calls"]):
             yield _chunk(choice.index, delta)
     else:
-        for piece in text_pieces(decode, gen.ids, message["content"] or ""):
-            yield _chunk(choice.index, {"content": piece.text}, _tokens(gen, logprobs, with_ids, piece.start, piece.end))
+        for k, piece in enumerate(text_pieces(decode, gen.ids, message["content"] or "")):
+            if k >= sent:
+                yield piece_chunk(choice.index, piece, gen, logprobs, with_ids)
             taken = piece.end
     yield _chunk(choice.index, {}, _tokens(gen, logprobs, with_ids, taken, len(gen.ids)), choice.finish)
 

@@ -71,7 +71,7 @@ def episode_sequence(traj: Trajectory, max_completion_length: int) -> tuple[list
 
 def rollout_policy(trainer: GRPOTrainer, model, tokenizer, settings: GRPOSettings) -> Policy:
     """The policy that plays the episodes: vLLM through TRL's own engine when `use_vllm` (TRL has synced the
-    trained weights into it before calling the rollout function), else HF `generate` on the trained model."""
+    trained weights into it before calling the rollout function), else the hf backend's engine on the trained model."""
     if not trainer.use_vllm:
         return HFPolicy.from_model(model, tokenizer, batch_size=settings.episodes_per_step, model_id="grpo")
     from turnforge.policies.vllm import TRLServerPolicy, VLLMPolicy  # GPU only
@@ -182,10 +182,15 @@ class EpisodeRollouts:
         keyed = [Task(f"{g.task.id}#{k}", g.task.env, g.task.split, g.task.category, g.task.data)
                  for k, g in enumerate(groups)]
         skip = frozenset((kt.id, i) for kt, g in zip(keyed, groups, strict=True) for i in range(g.size, width))
-        trajs = run_episodes(
-            policy, self._make_env, keyed, width, limits, params, skip=skip,
-            renderer=policy.renderer, roles=self._roles(params),
-        )
+        try:
+            trajs = run_episodes(
+                policy, self._make_env, keyed, width, limits, params, skip=skip,
+                renderer=policy.renderer, roles=self._roles(params),
+            )
+        finally:  # the hf engine's KV blocks hold this step's weights: the next step starts a fresh one
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
         by_key: dict[str, list[Trajectory]] = {}
         for traj in trajs:
             by_key.setdefault(traj.task_id, []).append(traj)
