@@ -6,18 +6,19 @@ tied embeddings) and the tiny tokenizer trained on household + tau2 retail text 
 vocab; what the random model samples past it decodes to nothing). It is saved once, as a checkpoint users load,
 and each part loads it through turnforge's own code, in a fresh Python process with its own time cap:
 
-  sft       TRL SFT through `turnforge.train.sft.build_trainer` at `--seq-len` tokens (2,048), examples packed
-            into rows (`packing = "batch"`, SDPA attention: FlashAttention is not in the GPU image), LoRA r 64 and
-            full fine-tuning, activation checkpointing on and off, bf16 on a GPU: tokens/s, MFU, peak memory;
   rollouts  household and service (tau2 retail, scripted user) episodes through `run_episodes` with the hf policy
-            (KV + per-episode prefix caches) at batch 1, 32 and 128, against the naive loop users write (one
-            episode at a time, `apply_chat_template` + `generate` per turn) on the same first tasks; and the
-            first turn of 128 episodes through the hf policy and through transformers' continuous batching
-            (`generate_batch`, paged attention, no vLLM): generated tokens/s and the ratio to the naive loop;
+            (transformers' continuous-batching engine, policies/engine.py) at the largest batch first (128, 32, 1),
+            the first turn of 128 episodes through the hf policy and through transformers' own `generate_batch`,
+            and last the naive loop users write (one episode at a time, `apply_chat_template` + `generate` per
+            turn) on the same first tasks: generated tokens/s, and the ratios in the naive rows;
   grpo      one step of `run_grpo` (8 tasks x 8 episodes, LoRA r 64, household): the time split into rollout
             (turnforge's rollout function), scoring (TRL's rewards, advantages, log-probs before the loss) and
-            update (the loss's forward + backward), and peak memory.
+            update (the loss's forward + backward), and peak memory;
+  sft       TRL SFT through `turnforge.train.sft.build_trainer` at `--seq-len` tokens (2,048), examples packed
+            into rows (`packing = "batch"`, SDPA attention: FlashAttention is not in the GPU image), LoRA r 64 and
+            full fine-tuning, activation checkpointing on and off, bf16 on a GPU: tokens/s, MFU, peak memory.
 
+Parts run in that order (issue 51: what matters most first).
 Each part stops starting rows at its cap, and is killed past it: a row it did not reach reads "not reached:
 time", a row that raised "failed: <one line>"; the run itself never fails for a row. `--budget-s` is split
 over the parts in proportion to `SHARES`; time a part leaves unused goes to the parts after it.
@@ -29,7 +30,7 @@ not counted, so it is a lower bound. 6*N assumes weight gradients for all of N: 
 base (~4*N of work), so its MFU is the model-FLOPs convention, as torchtitan reports it. Peak = `PEAK_BF16`, dense
 bf16 (no sparsity) from NVIDIA's data sheets: 989 TFLOP/s for the H100 SXM and for the H200.
 
-    bash benchmarks/gpu_wheels.sh      # on the GPU machine: see BENCHMARKS.md, "GPU check (pending a GPU)"
+    bash benchmarks/gpu_wheels.sh      # on the GPU machine: see BENCHMARKS.md, "GPU check"
     python benchmarks/gpu_check.py --shape 4b --budget-s 480 --out runs/gpu_check
     .venv/bin/python benchmarks/gpu_check.py --device cpu --shape tiny --budget-s 60 --out runs/gpu_check_cpu
 """
@@ -59,7 +60,7 @@ SHAPES: dict[str, dict] = {
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12}
 """Dense bf16 FLOP/s (no sparsity), NVIDIA data sheets: H100 SXM 989 TFLOP/s, H100 PCIe 756, H200 989. The first
 key found in `torch.cuda.get_device_name()` is used ("NVIDIA H100 80GB HBM3" is the SXM card); none: no MFU."""
-SHARES = {"setup": 0.2, "sft": 0.3, "rollouts": 0.3, "grpo": 0.2}
+SHARES = {"setup": 0.2, "rollouts": 0.3, "grpo": 0.2, "sft": 0.3}
 """Each part's share of the budget (setup: tokenizer, SFT data, the model built and saved; at 4B most of it is
 writing the 8 GB checkpoint, not yet timed). What a part leaves unused goes to the parts after it."""
 SETUP_MIN_S = 60.0
@@ -71,13 +72,14 @@ GRPO_ROW = "grpo step, 8 tasks x 8 episodes, LoRA r64, household"
 
 
 def planned_rows(batches: list[int]) -> list[tuple[str, str]]:
-    """(part, row) of every row the table holds, in the order each part runs them (the cheap ones first, so a
-    short budget still runs every kind of row once). The first turns run at the largest batch."""
-    rows = [("sft", sft_row(tuning, ckpt)) for tuning, ckpt in SFT_CONFIGS]
-    rows += [("rollouts", f"{env} naive loop, batch 1") for env in ROLLOUT_ENVS]
-    rows += [("rollouts", rollout_row(env, b)) for b in batches for env in ROLLOUT_ENVS]
+    """(part, row) of every row the table holds, in the order they run: by importance (issue 51) — the hf engine
+    at the largest batches first, transformers' own `generate_batch` on the same first turns, the GRPO step, SFT,
+    and last the naive loop, whose rate the rollout rows' ratios are taken against."""
+    rows = [("rollouts", rollout_row(env, b)) for b in sorted(batches, reverse=True) for env in ROLLOUT_ENVS]
     rows += [("rollouts", first_turn_row(engine, max(batches))) for engine in ("hf policy", "continuous batching")]
+    rows += [("rollouts", f"{env} naive loop, batch 1") for env in ROLLOUT_ENVS]
     rows += [("grpo", GRPO_ROW)]
+    rows += [("sft", sft_row(tuning, ckpt)) for tuning, ckpt in SFT_CONFIGS]
     return rows
 
 
