@@ -65,8 +65,11 @@ SHARES = {"setup": 0.2, "rollouts": 0.3, "grpo": 0.2, "sft": 0.3}
 writing the 8 GB checkpoint, not yet timed). What a part leaves unused goes to the parts after it."""
 SETUP_MIN_S = 60.0
 """Setup's cap is at least this (nothing runs without it): a budget under 300 s may be overrun by the difference."""
-SFT_CONFIGS = [("lora r64", True), ("full", True), ("lora r64", False), ("full", False)]
-"""(tuning, activation checkpointing), the likeliest to fit one card first."""
+SFT_CONFIGS = [("lora r64", False, True), ("full", False, True), ("lora r64", False, False), ("full", False, False),
+               ("lora r64", True, False), ("full", True, False)]
+"""(tuning, activation checkpointing, Liger kernels through TRL's `use_liger_kernel`: fused linear cross-entropy
+over the vocabulary, RMSNorm, SwiGLU, RoPE): issue 51's question first (Liger's gain at the first run's best
+setting, no checkpointing), then that setting without Liger, then checkpointing (the first run's slower rows)."""
 ROLLOUT_ENVS = ("household", "service")
 GRPO_ROW = "grpo step, 8 tasks x 8 episodes, LoRA r64, household"
 
@@ -79,12 +82,12 @@ def planned_rows(batches: list[int]) -> list[tuple[str, str]]:
     rows += [("rollouts", first_turn_row(engine, max(batches))) for engine in ("hf policy", "continuous batching")]
     rows += [("rollouts", f"{env} naive loop, batch 1") for env in ROLLOUT_ENVS]
     rows += [("grpo", GRPO_ROW)]
-    rows += [("sft", sft_row(tuning, ckpt)) for tuning, ckpt in SFT_CONFIGS]
+    rows += [("sft", sft_row(tuning, ckpt, liger)) for tuning, ckpt, liger in SFT_CONFIGS]
     return rows
 
 
-def sft_row(tuning: str, checkpointing: bool) -> str:
-    return f"sft {tuning}, checkpointing {'on' if checkpointing else 'off'}"
+def sft_row(tuning: str, checkpointing: bool, liger: bool) -> str:
+    return f"sft {tuning}, checkpointing {'on' if checkpointing else 'off'}{', Liger' if liger else ''}"
 
 
 def rollout_row(env: str, batch: int) -> str:

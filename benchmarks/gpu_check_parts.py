@@ -74,6 +74,10 @@ class Rows:
         self._write(row)
         return row if row["status"] == "measured" else None
 
+    def skip(self, name: str, why: str) -> None:
+        """A row this device cannot run."""
+        self._write({"row": name, "status": f"skipped: {why}"})
+
     def _write(self, row: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({"part": self.part, **row}) + "\n")
@@ -169,15 +173,19 @@ class CountingCollator:
 
 
 def sft_part(args, work: Path, rows: Rows, setup_info: dict) -> None:
-    for tuning, checkpointing in SFT_CONFIGS:
-        rows.run(sft_row(tuning, checkpointing), lambda t=tuning, c=checkpointing: sft_steps(args, work, t, c, setup_info))
+    for tuning, checkpointing, liger in SFT_CONFIGS:
+        name = sft_row(tuning, checkpointing, liger)
+        if liger and args.device != "cuda":  # Liger's kernels are Triton GPU kernels
+            rows.skip(name, "Liger needs a CUDA device")
+            continue
+        rows.run(name, lambda t=tuning, c=checkpointing, g=liger: sft_steps(args, work, t, c, g, setup_info))
 
 
-def sft_steps(args, work: Path, tuning: str, checkpointing: bool, setup_info: dict) -> dict:
+def sft_steps(args, work: Path, tuning: str, checkpointing: bool, liger: bool, setup_info: dict) -> dict:
     lora = LoraSpec(**GRPO_LORA) if tuning.startswith("lora") else None
+    trl = {CHECKPOINTING_FIELD: checkpointing, **({"use_liger_kernel": True} if liger else {})}
     settings = SFTSettings(max_steps=1 + args.sft_steps, max_length=args.seq_len, packing="batch", lora=lora,
-                           learning_rate=1e-4 if lora else 1e-5, logging_steps=1,
-                           trl={CHECKPOINTING_FIELD: checkpointing})
+                           learning_rate=1e-4 if lora else 1e-5, logging_steps=1, trl=trl)
     model, tokenizer = load_model(work / "model", dtype=training_dtype(lora), device="cpu")  # as run_sft loads it
     dataset, counts = build_dataset([str(work / "sft_data.jsonl")], tokenizer, settings)
     per_example = counts.tokens / len(dataset)

@@ -9,11 +9,12 @@
 #     typing-extensions >= 4.16 that pydantic 2.14 requires): not in the image;
 #   - transformers 5.24 and peft 0.21.2: the versions every CPU test ran; the image's transformers 5.17 takes
 #     other branches in TRL (trl.trainer.base_trainer checks < 5.19), so the GPU run would test other code;
-#     regex: transformers checks regex >= 2025.10.22 at import, which the image's may not meet.
+#     regex: transformers checks regex >= 2025.10.22 at import, which the image's may not meet;
+#   - liger-kernel 0.8.5 (0.9 MiB): the SFT rows with TRL's `use_liger_kernel` (Triton comes with the image's torch).
 # Not carried: pyarrow (~40 MiB; datasets 5.2 asks >= 24, the image's is read by the run's first line) and torch
 # (GBs: the image's CUDA build). The project itself travels as source (PYTHONPATH=src).
 #
-#     bash benchmarks/gpu_wheels.sh          # then see BENCHMARKS.md, "GPU check (pending a GPU)"
+#     bash benchmarks/gpu_wheels.sh          # then see BENCHMARKS.md, "GPU check"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=.whl
@@ -21,6 +22,7 @@ WHEELS=(
   trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
   transformers==5.24.0 peft==0.21.2 regex==2026.11.19
+  liger-kernel==0.8.5
 )
 LIMIT_MIB=48  # of the 64 MiB that travel: the repo's own files and the run's room to spare take the rest
 rm -rf "$DEST" && mkdir -p "$DEST"

@@ -20,7 +20,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import hf_generate_path  # noqa: E402  (the old path, kept beside this script)
-
 from turnforge.envs.base import load_tasks, make_env  # noqa: E402
 from turnforge.policies.hf import HFPolicy  # noqa: E402
 from turnforge.recipes import load_recipe  # noqa: E402
