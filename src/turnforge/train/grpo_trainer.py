@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from turnforge.train.lm_head import score_labelled_only
-from turnforge.train.runtime import checkpointing_on, expanded_cache
+from turnforge.train.runtime import CACHE_FIELD, checkpointing_on, expanded_cache, forward_cache
 from turnforge.train.trl_internals import GRPOTrainerHooks
 
 if TYPE_CHECKING:
@@ -105,8 +105,8 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
             if shared:
                 start = spans[group[0]][0]
                 with self.accelerator.autocast():
-                    prefix = model(input_ids=input_ids[group[0] : group[0] + 1, start : start + shared], use_cache=True,
-                                   logits_to_keep=1).cache
+                    prefix = forward_cache(model(input_ids=input_ids[group[0] : group[0] + 1, start : start + shared],
+                                                 use_cache=True, logits_to_keep=1))
             # per row: where its run starts (after the shared prompt), ends, and its first scored token
             extents = {r: (spans[r][0] + shared, spans[r][1], max(first, spans[r][0] + 1)) for r in group}
             runs = {r: extents[r][:2] for r in group}
@@ -118,7 +118,7 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
                 cached = {}
                 if prefix is not None:
                     positions = torch.arange(shared, shared + ids.shape[1], device=ids.device).expand(len(chunk), -1)
-                    cached = {"cache": expanded_cache(prefix, len(chunk), model.config), "position_ids": positions}
+                    cached = {CACHE_FIELD: expanded_cache(prefix, len(chunk), model.config), "position_ids": positions}
                 with self.accelerator.autocast():
                     out = model(input_ids=ids, labels=labels, fused_lm_head=True, **cached)
                 for k, r in enumerate(chunk):

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, TrainerCallback
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig
 
@@ -88,6 +89,16 @@ def cpu_bf16_args(args: dict[str, Any]) -> dict[str, Any]:
                        "several times slower (the quickstart's SFT: 1,544 s on a 2-core AVX2 CPU, 428 s with AVX512-BF16)")
         return {**args, "bf16": False}
     return {"pad_to_multiple_of": CPU_BF16_PAD, **args}
+
+
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+"""What transformers calls a forward pass's key/value cache, as the model's argument and in its output: `cache` in
+5.24 (.venv), `past_key_values` in 5.19 (.venv-vllm: vLLM's CPU build needs transformers below 5.20)."""
+
+
+def forward_cache(output) -> DynamicCache:
+    """The key/value cache a forward pass with `use_cache=True` returned (`CACHE_FIELD`)."""
+    return getattr(output, CACHE_FIELD)
 
 
 def expanded_cache(prefix, rows: int, config) -> DynamicCache:

@@ -50,11 +50,13 @@ from turnforge.models import load_model
 from turnforge.tiny_model import resolve_model
 from turnforge.train.lm_head import score_labelled_only
 from turnforge.train.runtime import (
+    CACHE_FIELD,
     CHECKPOINTING_FIELD,
     METRICS_FILE,
     MODEL_DIR,
     MetricsFileCallback,
     expanded_cache,
+    forward_cache,
     resume_point,
     save_trained,
     training_dtype,
@@ -279,7 +281,7 @@ class SharedPrefixSFTTrainer(SFTTrainer):
             mask = torch.ones_like(ids)  # the mask spans the cached prefix and the rest
         if num_items_in_batch is None:  # TRL's own divisor for a batch: its label count
             num_items_in_batch = (labels[:, 1:] != -100).sum()
-        prefix = model(input_ids=ids[:1, :p], use_cache=True, logits_to_keep=1).cache
+        prefix = forward_cache(model(input_ids=ids[:1, :p], use_cache=True, logits_to_keep=1))
         metrics = metric_lists(self)
         marks = {name: len(metrics[name]) for name in ("entropy", "mean_token_accuracy")}
         loss, weights = None, []
@@ -288,7 +290,7 @@ class SharedPrefixSFTTrainer(SFTTrainer):
             positions = torch.arange(p, width, device=ids.device).expand(len(rows), -1)
             chunk_labels = labels[rows, p:width]
             chunk = {**inputs, "input_ids": ids[rows, p:width], "labels": chunk_labels, "position_ids": positions,
-                     "cache": cache, "attention_mask": mask[rows, :width]}
+                     CACHE_FIELD: cache, "attention_mask": mask[rows, :width]}
             part = super().compute_loss(model, chunk, False, num_items_in_batch)
             loss = part if loss is None else loss + part
             weights.append(int((chunk_labels[:, 1:] != -100).sum()))
