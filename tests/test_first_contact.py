@@ -337,3 +337,20 @@ def test_usage_errors_are_one_error_line_like_the_commands_own():
         result = runner.invoke(app, args)
         _one_line_error(result, says)
         assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
+
+
+def test_normal_runs_hide_the_libraries_deprecations_but_not_turnforges_warnings():
+    """Issue 53: transformers' `past_key_values` FutureWarning showed in normal runs: it is attributed to turnforge's
+    `generate(...)` line, which the "ours stay visible" filter let through."""
+    import warnings
+
+    from turnforge.cli import quiet_libraries
+
+    with warnings.catch_warnings(record=True) as caught:
+        quiet_libraries()
+        warnings.warn_explicit("past_key_values is deprecated", FutureWarning, "hf.py", 170, module="turnforge.policies.hf")
+        warnings.warn_explicit("greedy samples are identical", UserWarning, "rollouts_file.py", 1,
+                               module="turnforge.rollouts_file")
+        warnings.warn_explicit("experimental feature", UserWarning, "grpo_trainer.py", 1, module="trl.trainer")
+    assert [str(w.message) for w in caught] == ["greedy samples are identical"]
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # transformers' "Loading weights" bars read it
