@@ -52,8 +52,9 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q
 	$(VLLM_BIN)/python -m pytest -q -m "not slow and not gpu" $(VLLM_TESTS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m ""
+	$(VLLM_BIN)/python -m pytest -q -m "not gpu" $(VLLM_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -25,20 +25,9 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
 
 @pytest.fixture(scope="module")
-def adapter_dir(tiny_model_dir, tmp_path_factory):
-    """A LoRA adapter with random (non-zero) weights on the tiny model: it changes what the model writes."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    from turnforge.models.loading import load_model
-
-    torch.manual_seed(0)
-    model, _ = load_model(str(tiny_model_dir), device="cpu")
-    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
-                                            init_lora_weights=False))
-    out = tmp_path_factory.mktemp("adapter") / "lora"
-    lora.save_pretrained(out)
-    return out
+def adapter_dir(tiny_adapter_dir):
+    """A LoRA adapter with random (non-zero) weights on the tiny model (conftest): it changes what the model writes."""
+    return tiny_adapter_dir
 
 
 @pytest.fixture(scope="module")

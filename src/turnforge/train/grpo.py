@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 from trl import GRPOConfig
 
 from turnforge.envs.base import get_env_spec, make_env
@@ -71,6 +72,7 @@ from turnforge.train.runtime import (
     trl_config,
 )
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
+from turnforge.train.trl_internals import reload_colocated_weights_on_cpu
 from turnforge.types import Task
 
 logger = logging.getLogger(__name__)
@@ -172,6 +174,10 @@ def train_on_episodes(
     if not tasks:
         raise ValueError(f"{kind}: no training tasks (check the stage's split, tasks and filters)")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+    if settings.use_vllm and settings.trl.get("vllm_mode") == "server" and not torch.cuda.is_available():
+        # TRL's VLLMClient.init_communicator refuses a CPU device (NotImplementedError) when the trainer is built.
+        raise ValueError(f'{kind}: use_vllm with vllm_mode = "server" needs a CUDA device: TRL syncs the trained '
+                         "weights into the vLLM server over NCCL. On a CPU use vllm_mode = \"colocate\"")
     path = resolve_model(model, out_dir / "cache", [(env_name, env_options)])
     lm, tokenizer = load_model(path, dtype=training_dtype(settings.lora), device="cpu", adapter=adapter)
     if adapter is not None:
@@ -188,6 +194,7 @@ def train_on_episodes(
         rollout_func=rollouts,
         callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
     )
+    reload_colocated_weights_on_cpu(trainer)  # use_vllm in colocate mode on vLLM's CPU build (trl_internals)
     result = trainer.train(resume_from_checkpoint=resume)
     save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
     return result, rollouts

