@@ -151,8 +151,8 @@ class TurnEngine:
                  max_requests: int = 64, max_context: int | None = None) -> None:
         self.model = model
         self.sampling = TurnSampling()
-        config = GenerationConfig(do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id,
-                                  temperature=1.0, top_k=0, top_p=1.0)
+        # Greedy to the engine (no warper is built): `TurnSampling` does all sampling.
+        config = GenerationConfig(do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id)
         request_tokens = min(max_context or REQUEST_TOKENS, REQUEST_TOKENS)
         cb = ContinuousBatchingConfig(
             page_size=PAGE_SIZE, allow_block_sharing=prefix_sharing, use_cuda_graph=False,
