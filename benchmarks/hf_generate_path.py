@@ -219,7 +219,6 @@ def gather_rows(cache: DynamicCache, positions: list[torch.Tensor], rows: list[i
 
 
 
-import hashlib
 
 import torch
 from transformers import (
@@ -242,6 +241,7 @@ from turnforge.policies.base import (
     prompt_ids,
     refuse_overlong,
 )
+from turnforge.policies.hf import finish_generation, row_seed  # the rules both paths share
 
 # Generation settings the model's own generation_config.json must not slip in (HF fills unset fields from it,
 # e.g. Qwen3's top_k=20): sampling is configured here, in `_processors`, and nowhere else.
@@ -406,46 +406,6 @@ class HFPolicy:
         return finish_generation(ids, logprobs, self.stop_ids, stop, self.tokenizer)
 
 
-def finish_generation(ids: list[int], logprobs: list[float], stop_ids: Sequence[int], stop: Sequence[str],
-                      tokenizer) -> Generation:
-    """One engine output row -> Generation: cut at the first stop (`cut_generation`), text = the decoded ids
-    without the end-of-turn id. Every in-process backend (hf, vllm) ends its replies the same way."""
-    ids, finish = cut_generation(ids, stop_ids, stop, tokenizer.decode)
-    text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in stop_ids else ids
-    return Generation(
-        text=tokenizer.decode(text_ids, skip_special_tokens=False),
-        ids=ids,
-        logprobs=logprobs[: len(ids)],
-        finish_reason=finish,
-    )
-
-
-def cut_generation(ids: list[int], stop_ids: Sequence[int], stop: Sequence[str], decode) -> tuple[list[int], str]:
-    """(the generated ids, finish reason) from one padded row of `generate`'s output.
-
-    Cut after the first stop id ("stop"), else after the first token whose text completes a stop string
-    ("stop"), else the whole row ("length"). `decode(ids) -> str` finds the stop strings.
-
-    >>> cut_generation([5, 6, 2, 0, 0], stop_ids=[2, 0], stop=[], decode=None)
-    ([5, 6, 2], 'stop')
-    """
-    stops = set(stop_ids)
-    end = next((k for k, t in enumerate(ids) if t in stops), None)
-    if end is not None:
-        return ids[: end + 1], "stop"
-    if stop and any(s in decode(ids) for s in stop):
-        # The shortest prefix whose text holds a stop string (the predicate only turns on as ids are added).
-        lo, hi = 1, len(ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if any(s in decode(ids[:mid]) for s in stop):
-                hi = mid
-            else:
-                lo = mid + 1
-        return ids[:lo], "stop"
-    return ids, "length"
-
-
 class SampledLogprobs(LogitsProcessor):
     """Records log_softmax of the scores it sees; the next step's input reveals which token was sampled.
 
@@ -469,14 +429,6 @@ class SampledLogprobs(LogitsProcessor):
             return torch.zeros(new_ids.shape, dtype=torch.float32)
         last = self.previous.gather(1, new_ids[:, -1:]).squeeze(1)
         return torch.stack([*self.steps, last], dim=1).cpu()
-
-
-def row_seed(seed: int, prompt: Prompt, ids: list[int]) -> int:
-    """The seed of one reply's random draws: the call's seed, the episode (task, sample), its turn and its prompt
-    (its length and last 64 ids: what tells apart prompts of the same turn, e.g. a DPO teacher's decision points), so that a reply's draws do not depend on which other prompts share its batch or on how many calls came
-    before (the rollout engine batches whichever episodes are waiting, which timing decides)."""
-    key = f"{seed}|{prompt.task.id}|{prompt.sample}|{prompt.turn}|{len(ids)}|{','.join(map(str, ids[-64:]))}"
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
 
 
 class RowSampler(LogitsProcessor):
