@@ -66,6 +66,7 @@ def main() -> None:
         runs = {}
         for name, cls in (("generate (before)", hf_generate_path.HFPolicy), ("engine (turnforge)", HFPolicy)):
             policy = cls(args.model, device="cpu", dtype="float32", batch_size=open_)
+            play(policy, tasks[:1], 1, params, 1)  # warm-up (first-call costs), not timed
             ran = counted(policy.model)
             seconds, trajs = play(policy, tasks, open_, params, args.max_turns)
             generated = sum(len(t.generated_ids) for traj in trajs for t in traj.turns)
