@@ -26,7 +26,7 @@ from turnforge.policies.teacher import VLLMTeacher, token_logprobs
 from turnforge.train.grpo import EpisodeRollouts, train_on_episodes
 from turnforge.train.grpo_trainer import EpisodeGRPOTrainer
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
-from vllm_engines import needs_vllm
+from vllm_engines import COLOCATE_MEMORY_SHARE, needs_vllm
 
 pytestmark = [pytest.mark.vllm, needs_vllm]
 
@@ -61,8 +61,7 @@ def test_two_colocated_vllm_grpo_steps_train_and_the_engine_generates_with_the_t
     settings = GRPOSettings(
         steps=2, tasks_per_step=2, num_generations=4, max_new_tokens=12, learning_rate=1e-2,
         rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0}, use_vllm=True,
-        # On vLLM's CPU backend, TRL's vllm_gpu_memory_utilization is the share of the machine's memory it reserves.
-        trl={"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.05},
+        trl={"vllm_mode": "colocate", "vllm_gpu_memory_utilization": COLOCATE_MEMORY_SHARE},
     )
     _, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
     probe = tokenizer("ACTION: go to countertop 1\nACTION: take mug 1 from countertop 1")["input_ids"]

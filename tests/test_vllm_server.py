@@ -33,7 +33,7 @@ from turnforge.policies.base import SamplingParams
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.rollouts_file import run_eval
 from turnforge.types import Trajectory
-from vllm_engines import TEST_ENGINE, assert_same_episodes, needs_vllm
+from vllm_engines import COLOCATE_MEMORY_SHARE, TEST_ENGINE, assert_same_episodes, needs_vllm
 
 pytestmark = [pytest.mark.vllm, needs_vllm]
 
@@ -144,9 +144,11 @@ def test_the_openai_teacher_scores_on_vllm_serve_as_the_hf_teacher(vllm_url, tin
     from turnforge.policies.teacher import HFTeacher, OpenAITeacher
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    texts = ["ACTION: go to fridge 1", "You arrive at the countertop 2. On it you see a mug 1.", "look"]
+    # the last one holds characters the tiny tokenizer writes as several byte tokens, each with no text of its own
+    texts = ["ACTION: go to fridge 1", "You arrive at the countertop 2. On it you see a mug 1.", "look at the café ☕"]
     sequences = [tokenizer(t)["input_ids"] for t in texts]
     starts = [0, 5, 1]
+    assert any("\ufffd" in tokenizer.decode([t]) for t in sequences[2])
     teacher = OpenAITeacher(vllm_url, "tiny")
     teacher.check_tokenizer(tokenizer)  # every scored token's text is checked against the student's
     served = teacher.score(sequences, starts)
@@ -247,7 +249,8 @@ def test_a_tiny_cpu_qwen3_distill_runs_end_to_end_with_vllm(vllm_url, tiny_model
               *(f"stages.{s}.{k}" for s in ("eval-sft", "eval-distill") for k in ("tasks=2", "max_new_tokens=8")),
               "stages.distill.steps=1", "stages.distill.tasks_per_step=1", "stages.distill.max_new_tokens=8",
               "stages.distill.max_completion_length=512", f"stages.distill.teacher=openai:{vllm_url}#tiny",
-              'stages.distill.trl={bf16 = false, vllm_mode = "colocate", vllm_gpu_memory_utilization = 0.05}']
+              'stages.distill.trl={bf16 = false, vllm_mode = "colocate", '
+              f'vllm_gpu_memory_utilization = {COLOCATE_MEMORY_SHARE}}}']
     out = tmp_path / "qd"
     run = subprocess.run([sys.executable, "-m", "turnforge", "run", "qwen3_distill", "--model", str(tiny_model_dir),
                           "--out", str(out), *(a for s in budget for a in ("--set", s))],

@@ -8,6 +8,7 @@ build needs transformers below 5.20, which .venv does not have. Elsewhere they s
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -33,3 +34,8 @@ def assert_same_episodes(ours: list[Trajectory], theirs: list[Trajectory], logpr
         if logprob_tol is not None:
             for k, (x, y) in enumerate(zip(a.turns, b.turns, strict=True)):
                 assert x.logprobs == pytest.approx(y.logprobs, abs=logprob_tol), (a.key, k)
+
+COLOCATE_MEMORY_SHARE = round(min(0.5, 3 * 2**30 / (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))), 3)
+"""TRL's `vllm_gpu_memory_utilization` for its colocated engine on vLLM's CPU backend: the share of the machine's
+memory vLLM reserves, the trainer's process included (~2 GiB after a tiny SFT), the rest for the KV cache; 3 GiB
+(0.05 of 24 GiB left no KV cache)."""

@@ -313,9 +313,10 @@ class GRPOSettings(TrainerSettings, SamplingParams):
     resample_rounds: int = 2
     """How many times dynamic sampling may try again per generation batch."""
     use_vllm: bool = False
-    """Roll out with vLLM through TRL's vLLM modes (GPU + `pip install "turnforge[vllm]"`): `vllm_mode`
-    colocate (default) or server, and the other `vllm_*` fields, go in `trl = {...}`; TRL's
-    importance-sampling correction for the vLLM / trainer log-prob gap is on (its default)."""
+    """Roll out with vLLM through TRL's vLLM modes (`pip install "turnforge[vllm]"` on a GPU; on a CPU, vLLM's CPU
+    build and colocate mode only: docs/decisions.md, "vLLM for real"): `vllm_mode` colocate (default) or server,
+    and the other `vllm_*` fields, go in `trl = {...}`; TRL's importance-sampling correction for the vLLM /
+    trainer log-prob gap is on (its default)."""
 
     def _checks(self) -> list[tuple[str, bool, str]]:
         return [
