@@ -234,10 +234,10 @@ def test_a_continued_conversation_starts_from_the_ids_the_model_wrote(served):
     assert written[:-1] != encode(tok, "go to desk 1")  # not what re-tokenizing the text gives
     reply = {"role": "assistant", "content": "go to desk 1"}
     request = ChatRequest(model="tiny", messages=first)
-    _remember(served, request, first, reply, prompt + written, ("conversation", 0), {})
+    _remember(served, request, first, reply, prompt + written)
     after = [*first, reply, {"role": "user", "content": "You arrive at desk 1."}]
-    ids, key = _prompt_ids(served, "tiny", render(tok, after, None, True))
-    assert ids[: len(prompt) + len(written)] == prompt + written and key == ("conversation", 0)
+    ids = _prompt_ids(served, "tiny", render(tok, after, None, True))
+    assert ids[: len(prompt) + len(written)] == prompt + written
     assert tok.decode(ids) == render(tok, after, None, True)
     # another model name (an adapter) does not share the memory
-    assert _prompt_ids(served, "lora", render(tok, after, None, True))[0] == encode(tok, render(tok, after, None, True))
+    assert _prompt_ids(served, "lora", render(tok, after, None, True)) == encode(tok, render(tok, after, None, True))

@@ -198,7 +198,6 @@ class _Run:
         elif ep.env is not None:  # an env that raised is not reused
             self.made_envs.remove(ep.env)
             _close(ep.env)
-        self.queues.release([(ep.task.id, ep.sample)])
         return traj
 
     def make_env(self, ep: Episode) -> Env | None:

@@ -340,11 +340,6 @@ class Prompt:
     env: Any = None
     """The episode's env (scripted policies read it; model backends do not)."""
 
-    @property
-    def episode(self) -> tuple[str, int]:
-        """The key of the episode this prompt goes on with: what a policy keeps per episode (the hf prefix cache)
-        is stored under it and dropped by `release`."""
-        return (self.task.id, self.sample)
 
 
 CONTEXT_LENGTH = "context_length"

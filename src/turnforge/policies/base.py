@@ -43,9 +43,8 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 @runtime_checkable
 class Policy(Protocol):
     """A batch in, one reply per prompt out (in order). The rollout calls `generate` from one worker thread per
-    model role, one call at a time; a policy may also have `release(keys)`, called (from that same thread)
-    with the `(task_id, sample)` keys of episodes that ended, to drop per-episode state, and a server backend
-    sets `max_in_flight = N` to get each request as its own call, N at once (policies/queue.py)."""
+    model role, one call at a time; a concurrent backend (a server, the hf engine) sets `max_in_flight = N` to
+    get each request as its own call, N at once (policies/queue.py)."""
 
     name: str
     renderer: ChatRenderer | None

@@ -4,10 +4,10 @@ A rollout has one queue per model role (`agent`: the policy evaluated or trained
 `judge`; `teacher`), each over a `Policy` whose `generate(prompts, params)` answers a whole batch. An
 episode asks with `await queues.generate(role, prompt, order)`. A role's pending requests are dispatched as
 one `policy.generate` call, one call in flight per role, on the MODEL THREAD: the thread that called
-`run_episodes` (the event loop runs on a thread of its own). In-process models thus generate on the thread
-that loaded and trains them: TRL's unwrapped / ZeRO-3-gathered model, CUDA's current stream and OpenMP's
-thread team are those of that thread (generation moved to another thread ran ~40 % slower on 2 CPU cores
-right after training or generating on the main thread), and the hf prefix cache is only touched there.
+`run_episodes` (the event loop runs on a thread of its own). In-process policies that take batches (vllm's
+`LLM`, scripted ones) thus run on the thread that loaded the model: CUDA's current stream and OpenMP's thread
+team are those of that thread. The hf policy is a concurrent backend instead (`max_in_flight`): its
+continuous-batching engine steps on a thread of its own and batches whatever replies are open.
 A batch is dispatched as soon as
 
   - every live episode of the rollout waits on a model (no other request can come before one returns), or
@@ -162,13 +162,6 @@ class RoleQueues:
         self.waiting += 1
         self.dispatch()
         return await request.future
-
-    def release(self, keys: list[tuple[str, int]]) -> None:
-        """Episodes that ended: their policies drop per-episode state (hf: prefix-cache entries), in order."""
-        for q in self.queues.values():
-            release = getattr(q.role.policy, "release", None)
-            if release is not None:
-                q.worker.submit(release, keys)
 
     def dispatch(self) -> None:
         """Start a batched call for every idle role whose pending requests are ready to go."""

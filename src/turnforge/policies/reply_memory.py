@@ -4,30 +4,21 @@ exact ids behind it, so that a client's next request continues from the ids the 
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from dataclasses import dataclass
-
-
-@dataclass
-class Remembered:
-    ids: list[int]
-    key: tuple[str, int]  # the hf policy's prefix-cache key for this conversation
+from collections import OrderedDict
 
 
 class ReplyMemory:
     """(model, rendered conversation up to the end of a reply) -> the exact ids, least recently used dropped.
 
-    At most `max_tokens` ids and `max_conversations` prefix-cache keys are held (the keys/values behind each
-    key live in the hf policy's prefix cache). `store` returns the keys no entry uses any more, to release.
+    At most `max_tokens` ids are held.
     """
 
-    def __init__(self, eos_text: str, max_tokens: int = 4_000_000, max_conversations: int = 512):
-        self.eos_text, self.max_tokens, self.max_conversations = eos_text, max_tokens, max_conversations
-        self.entries: OrderedDict[tuple[str, str], Remembered] = OrderedDict()
+    def __init__(self, eos_text: str, max_tokens: int = 4_000_000):
+        self.eos_text, self.max_tokens = eos_text, max_tokens
+        self.entries: OrderedDict[tuple[str, str], list[int]] = OrderedDict()
         self.tokens = 0
-        self.uses: Counter[tuple[str, int]] = Counter()
 
-    def lookup(self, model: str, text: str) -> tuple[int, Remembered] | None:
+    def lookup(self, model: str, text: str) -> tuple[int, list[int]] | None:
         """(length of the remembered text, its entry) for the longest remembered prefix of `text` that ends
         with the end-of-turn text; None when no reply of this conversation is remembered."""
         end = len(text)
@@ -40,23 +31,14 @@ class ReplyMemory:
             end = at
         return None
 
-    def store(self, model: str, text: str, entry: Remembered) -> list[tuple[str, int]]:
+    def store(self, model: str, text: str, ids: list[int]) -> None:
         key = (model, text)
         if key in self.entries:
             self._drop(key)
-        self.entries[key] = entry
-        self.tokens += len(entry.ids)
-        self.uses[entry.key] += 1
-        released = []
-        while (self.tokens > self.max_tokens or len(self.uses) > self.max_conversations) and len(self.entries) > 1:
-            released += self._drop(next(iter(self.entries)))
-        return released
+        self.entries[key] = ids
+        self.tokens += len(ids)
+        while self.tokens > self.max_tokens and len(self.entries) > 1:
+            self._drop(next(iter(self.entries)))
 
-    def _drop(self, key: tuple[str, str]) -> list[tuple[str, int]]:
-        entry = self.entries.pop(key)
-        self.tokens -= len(entry.ids)
-        self.uses[entry.key] -= 1
-        if self.uses[entry.key] > 0:
-            return []
-        del self.uses[entry.key]
-        return [entry.key]
+    def _drop(self, key: tuple[str, str]) -> None:
+        self.tokens -= len(self.entries.pop(key))

@@ -63,7 +63,7 @@ from turnforge.policies.base import (
     context_refusal,
 )
 from turnforge.policies.queue import Role, RoleQueues
-from turnforge.policies.reply_memory import Remembered, ReplyMemory
+from turnforge.policies.reply_memory import ReplyMemory
 from turnforge.policies.serve_scoring import CompletionRequest, complete
 from turnforge.policies.serve_stream import (
     DONE,
@@ -143,18 +143,13 @@ class _ServedPrompt(Prompt):
     """A prompt with its own request's settings: one batch may mix requests that differ in them.
 
     Its task and sample say which choice of a request it is, and seed its draws (`row_seed`: with the prompt ids,
-    so the same request with the same `seed` gives the same samples); `conversation`, a key that follows a
-    conversation from reply to reply (`ReplyMemory`)."""
+    so the same request with the same `seed` gives the same samples)."""
 
     params: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
-    conversation: tuple[str, int] = ("", 0)
     on_token: Callable[[list[int], list[float]], None] | None = field(default=None, compare=False)
     """Told the reply's ids and log-probs as it grows (a streamed request)."""
 
-    @property
-    def episode(self) -> tuple[str, int]:
-        return self.conversation
 
 
 class _PerRequestSettings:
@@ -339,11 +334,10 @@ def _invalid_request(e: RequestValidationError) -> APIError:
 @dataclass
 class _Job:
     """A request checked and ready for the model: its messages as the template reads them, prompt ids, sampling
-    settings, adapter and one prefix-cache key per choice."""
+    settings and adapter."""
 
     messages: list[dict[str, Any]]
     ids: list[int]
-    keys: list[tuple[str, int]]
     params: SamplingParams
     adapter: str | None
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
@@ -360,14 +354,13 @@ def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
         text = render(served.tokenizer, messages, request.tools, True)
     except Exception as e:  # the template's own checks (jinja raise_exception), or a message it cannot render
         raise APIError(400, f"the chat template cannot render these messages: {e}", "messages") from None
-    ids, first_key = _prompt_ids(served, request.model, text)
+    ids = _prompt_ids(served, request.model, text)
     max_new = request.max_completion_tokens or request.max_tokens or served.max_tokens_default
     refusal = context_refusal(len(ids), max_new, served.max_context)
     if refusal is not None:  # as vLLM's server; the openai policy turns it back into the in-process refusal
         raise APIError(400, refusal, "messages", CONTEXT_LENGTH_EXCEEDED)
     params = _sampling(request, max_new)
-    keys = [first_key] + [(uuid.uuid4().hex, 0) for _ in range(request.n - 1)]
-    return _Job(messages, ids, keys, params, adapter)
+    return _Job(messages, ids, params, adapter)
 
 
 OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
@@ -396,15 +389,15 @@ async def _answer(served: ServedModel, state: dict[str, Any], request: ChatReque
     `on_token(choice, ids, logprobs)` is told each choice's reply as it grows."""
     gens = await _generate(state, [
         _ServedPrompt(messages=[], task=Task("choice", "serve", "", ""), sample=index, turn=0, ids=job.ids,
-                      params=job.params, adapter=job.adapter, conversation=key,
+                      params=job.params, adapter=job.adapter,
                       on_token=partial(on_token, index) if on_token is not None else None)
-        for index, key in enumerate(job.keys)
+        for index in range(request.n)
     ])
     tools = bool(request.tools) and request.tool_choice != "none"
     choices = []
-    for index, (gen, key) in enumerate(zip(gens, job.keys, strict=True)):
+    for index, gen in enumerate(gens):
         message, finish = _reply(gen, job.params.stop, tools, request.include_stop_str_in_output)
-        _remember(served, request, job.messages, message, job.ids + gen.ids, key, state)
+        _remember(served, request, job.messages, message, job.ids + gen.ids)
         choices.append(Choice(index, message, finish, gen))
     return choices
 
@@ -501,18 +494,18 @@ async def _generate(state: dict[str, Any], prompts: list[_ServedPrompt]) -> list
     return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
-def _prompt_ids(served: ServedModel, model: str, text: str) -> tuple[list[int], tuple[str, int]]:
-    """The prompt's ids (continuing a remembered reply's exact ids where there is one) and its cache key."""
+def _prompt_ids(served: ServedModel, model: str, text: str) -> list[int]:
+    """The prompt's ids, continuing a remembered reply's exact ids where there is one."""
     hit = served.memory.lookup(model, text)
     if hit is None:
-        return encode(served.tokenizer, text), (uuid.uuid4().hex, 0)
-    cut, entry = hit
+        return encode(served.tokenizer, text)
+    cut, ids = hit
     # The rest starts right after the end-of-turn token: a byte-level BPE never merges across an added token.
-    return list(entry.ids) + encode(served.tokenizer, text[cut:]), entry.key
+    return list(ids) + encode(served.tokenizer, text[cut:])
 
 
 def _remember(served: ServedModel, request: ChatRequest, messages: list[dict[str, Any]], reply: dict[str, Any],
-              ids: list[int], key: tuple[str, int], state: dict[str, Any]) -> None:
+              ids: list[int]) -> None:
     """Remember the ids behind this reply, keyed by how the template renders the reply as the client will send it."""
     if not ids or ids[-1] != served.eos_id:
         ids = ids + [served.eos_id]  # a reply cut short: the template closes the turn with the end-of-turn token
@@ -523,9 +516,7 @@ def _remember(served: ServedModel, request: ChatRequest, messages: list[dict[str
     end = text.rfind(served.memory.eos_text)
     if end < 0:
         return
-    released = served.memory.store(request.model, text[: end + len(served.memory.eos_text)], Remembered(ids, key))
-    if released:
-        state["queues"].release(released)
+    served.memory.store(request.model, text[: end + len(served.memory.eos_text)], ids)
 
 
 def _reply(gen: Generation, stop: list[str], tools: bool, keep_stop: bool) -> tuple[dict[str, Any], str]:
