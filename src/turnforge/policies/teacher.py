@@ -111,12 +111,13 @@ class VLLMTeacher:
     """A vLLM engine in this process (`vllm:PATH`), scoring with `prompt_logprobs` (turnforge[vllm] on a GPU, or
     vLLM's CPU build: policies/vllm.py)."""
 
-    def __init__(self, path: str, gpu_memory_utilization: float = 0.85, **engine_options: Any) -> None:
-        from turnforge.policies.vllm import engine_memory, import_vllm
+    def __init__(self, path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
+                 **engine_options: Any) -> None:
+        from turnforge.policies.vllm import engine_dtype, engine_memory, import_vllm
 
         vllm = import_vllm()
         self.name = f"vllm:{path}"
-        self.llm = vllm.LLM(model=path, enable_prefix_caching=True,
+        self.llm = vllm.LLM(model=path, dtype=engine_dtype(dtype), enable_prefix_caching=True,
                             **engine_memory(gpu_memory_utilization, engine_options))
         self.tokenizer = self.llm.get_tokenizer()
 

