@@ -59,9 +59,10 @@ def main() -> None:
                              "seconds": round(seconds, 2), "tok_per_s": round(tokens / seconds, 1),
                              "start_s": round(ready, 1)})
                 print(json.dumps(rows[-1]), flush=True)
-            close = getattr(policy, "close", None)
-            if close is not None:
-                close()
+            if backend == "vllm":  # its engine's processes, ended here rather than at interpreter exit
+                policy.llm.llm_engine.engine_core.shutdown()
+            else:
+                policy.close()
             del policy
     for limit_open in args.limit_open:
         by = {r["backend"]: r for r in rows if r["limit_open"] == limit_open}
