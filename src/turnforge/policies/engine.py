@@ -40,10 +40,13 @@ VERIFIED_TRANSFORMERS = ("5.19", "5.20", "5.21", "5.22", "5.23", "5.24")
 
 # Tokens per KV page: the unit of prefix sharing (a turn reuses whole pages only; transformers' default is 256).
 PAGE_SIZE = 32
-# KV cache tokens held per open request (its prompt and reply), up to the model's context. On a CPU the engine's
-# SDPA path also allocates an attention mask of (tokens per step) x (cache tokens): both are sized, not left to
-# transformers' "60 % of free memory", which on a 24 GiB CPU machine is gigabytes per engine.
+# On a CPU the cache is sized here, not left to transformers' "60 % of free memory" (gigabytes per engine on a
+# 24 GiB machine, and its SDPA path allocates an attention mask of tokens-per-step x cache tokens beside it):
+# 2,048 tokens per open request, and never less than one whole request of the model's context (up to 64k tokens),
+# since a request that cannot fit stops the engine ("No requests can be scheduled"). On a GPU transformers sizes
+# it from the free memory.
 REQUEST_TOKENS = 2048
+CPU_MAX_REQUEST = 65536
 CPU_STEP_TOKENS = 1024
 
 
@@ -153,12 +156,14 @@ class TurnEngine:
         self.sampling = TurnSampling()
         # Greedy to the engine (no warper is built): `TurnSampling` does all sampling.
         config = GenerationConfig(do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id)
-        request_tokens = min(max_context or REQUEST_TOKENS, REQUEST_TOKENS)
+        on_cpu = model.device.type == "cpu"
+        self.capacity = cpu_cache_tokens(max_requests, max_context) if on_cpu else None
+        """Tokens the cache holds (None: sized by transformers from free memory); a longer request is refused."""
         cb = ContinuousBatchingConfig(
             page_size=PAGE_SIZE, allow_block_sharing=prefix_sharing, use_cuda_graph=False,
             use_async_batching=False, max_requests_per_batch=max(1, max_requests), auto_switch_to_flash=False,
-            num_blocks=-(-max(1, max_requests) * request_tokens // PAGE_SIZE),
-            max_batch_tokens=CPU_STEP_TOKENS if model.device.type == "cpu" else None,
+            num_blocks=self.capacity // PAGE_SIZE if on_cpu else None,
+            max_batch_tokens=CPU_STEP_TOKENS if on_cpu else None,
         )
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
         _install_sampling(self.manager, self.sampling)
@@ -257,6 +262,17 @@ class TurnEngine:
             self.manager.stop(block=True)
             self._hook.remove()
             self._fail_open(RuntimeError("the continuous-batching engine was stopped"))
+
+
+def cpu_cache_tokens(max_requests: int, max_context: int | None) -> int:
+    """The CPU cache's size in tokens, whole pages: `REQUEST_TOKENS` per open request, at least one request of the
+    model's whole context (at most `CPU_MAX_REQUEST`).
+
+    >>> cpu_cache_tokens(4, 16384), cpu_cache_tokens(64, 16384), cpu_cache_tokens(1, 262144)
+    (16384, 131072, 65536)
+    """
+    tokens = max(max(1, max_requests) * REQUEST_TOKENS, min(max_context or REQUEST_TOKENS, CPU_MAX_REQUEST))
+    return -(-tokens // PAGE_SIZE) * PAGE_SIZE
 
 
 def _install_sampling(manager, sampling: TurnSampling) -> None:

@@ -120,7 +120,8 @@ class HFPolicy:
         if any(not row for row in ids):
             raise ValueError("an empty prompt: the hf policy needs at least one prompt token")
         out: list[Generation | None] = [None] * len(ids)
-        for i, refusal in refuse_overlong(ids, params.max_new_tokens, self.max_context).items():
+        room = min(filter(None, (self.max_context, self.engine.capacity)), default=None)  # a request must fit the cache
+        for i, refusal in refuse_overlong(ids, params.max_new_tokens, room).items():
             out[i] = refusal
         futures = {}
         for i, (prompt, row) in enumerate(zip(prompts, ids, strict=True)):
