@@ -231,7 +231,7 @@ from transformers import (
 )
 
 from turnforge.formats.chat_template import ChatTemplateRenderer
-from turnforge.models.loading import load_model
+from turnforge.policies import hf as engine_hf
 from turnforge.policies.base import (
     Generation,
     Prompt,
@@ -249,44 +249,11 @@ _NEUTRAL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, r
                 no_repeat_ngram_size=0, epsilon_cutoff=0.0, eta_cutoff=0.0)
 
 
-class HFPolicy:
-    """Generate with a Hugging Face causal LM (a local folder, a Hub id, or a PEFT adapter folder)."""
+class HFPolicy(engine_hf.HFPolicy):
+    """The old hf policy: loading as the new one (`__init__`, `from_model`), generating with batched `generate`.
+    The new one's last constructor argument (`prefix_sharing`) is this one's `prefix_cache`."""
 
-    name = "hf"
-
-    def __init__(
-        self,
-        model: str,
-        device: str = "auto",
-        dtype: str = "auto",
-        window: int | None = None,
-        batch_size: int = 64,
-        adapter: str | None = None,
-        prefix_cache: bool = True,
-    ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        lm, tokenizer = load_model(model, dtype=dtype, device=device, adapter=adapter)
-        lm.eval()
-        self._setup(str(model), lm, tokenizer, window, batch_size, prefix_cache)
-
-    @classmethod
-    def from_model(
-        cls,
-        model,
-        tokenizer,
-        window: int | None = None,
-        batch_size: int = 64,
-        model_id: str = "hf",
-        prefix_cache: bool = True,
-    ) -> HFPolicy:
-        """A policy over a model already in memory (GRPO rolls out with the model it trains; the caller
-        switches it to eval mode and back)."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        policy = cls.__new__(cls)
-        policy._setup(model_id, model, tokenizer, window, batch_size, prefix_cache)
-        return policy
+    max_in_flight = 1  # batches come from the rollout's queue, one call at a time
 
     def _setup(
         self, model_id: str, model, tokenizer, window: int | None, batch_size: int, prefix_cache: bool = True
@@ -299,6 +266,7 @@ class HFPolicy:
         extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.stop_ids = sorted({self.tokenizer.eos_token_id, *extra})
         self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_cache else None
+        self._engine = None  # the new policy's; `close` then has nothing to stop
         self.max_context = model_context(self.model.config)
 
     @property
@@ -315,7 +283,7 @@ class HFPolicy:
         for i, refusal in refuse_overlong(ids, params.max_new_tokens, self.max_context).items():
             out[i] = refusal
         # Token-exact prompts extend the episode's last one: its keys/values are reused (`prefix_cache`).
-        keys = [p.episode if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
+        keys = [(p.task.id, p.sample) if p.ids is not None and self.prefix_cache is not None else None for p in prompts]
         seeds = [row_seed(params.seed, p, row) for p, row in zip(prompts, ids, strict=True)]
         sampled = [explores(params, p) for p in prompts]
         # Episodes that go on from their cached keys/values run apart from prompts encoded afresh: in one batch every
