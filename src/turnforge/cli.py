@@ -148,6 +148,9 @@ def _user_errors(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except KeyboardInterrupt:  # what was kept has been said where it is known (the eval runner)
+            engines = sys.modules.get("turnforge.policies.engine")  # imported only where a model generated
+            if engines is not None:
+                engines.stop_engines()
             raise typer.Exit(INTERRUPTED) from None
         except Exception as e:
             refusal = user_error(e)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -199,6 +200,7 @@ class TurnEngine:
             if self._started:
                 return
             self._started = True
+        _RUNNING.add(self)
         self._hook = self.manager.model.register_forward_pre_hook(self._count, with_kwargs=True)
         # A thread inherits daemon-ness from the thread that makes it: the engine's loop and our result thread then
         # never keep a finished program alive (the manager's own thread is not a daemon).
@@ -254,14 +256,27 @@ class TurnEngine:
             if not future.done():
                 future.set_exception(error)
 
-    def stop(self) -> None:
-        """Stop the engine's loop (its cache is freed); open requests fail."""
+    def stop(self, hard: bool = False) -> None:
+        """Stop the engine's loop (its cache is freed); open requests fail. `hard`: at once, without finishing the
+        requests in flight."""
         with self._lock:
             started, self._started = self._started, False
         if started:
-            self.manager.stop(block=True)
+            _RUNNING.discard(self)
+            self.manager.stop(block=True, hard_stop=hard)
             self._hook.remove()
             self._fail_open(RuntimeError("the continuous-batching engine was stopped"))
+
+
+_RUNNING: weakref.WeakSet[TurnEngine] = weakref.WeakSet()
+
+
+def stop_engines() -> None:
+    """Stop every running engine at once (Ctrl-C): its open requests fail, and no engine thread is still inside
+    torch when the interpreter shuts down (which aborted the process: "terminate called without an active
+    exception")."""
+    for engine in list(_RUNNING):
+        engine.stop(hard=True)
 
 
 def cpu_cache_tokens(max_requests: int, max_context: int | None) -> int:
