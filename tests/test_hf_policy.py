@@ -233,21 +233,81 @@ def test_greedy_replies_are_transformers_generate_s(policy, tasks):
         assert gen.ids == out[0, len(prompt.ids):].tolist()[: len(gen.ids)]
 
 
-def test_turn_sampling_draws_from_the_softmax_of_the_scores():
-    """Gumbel-max per reply: the argmax of what `TurnSampling` returns over 4,000 replies follows
-    softmax(scores) = (0.7, 0.2, 0.1, 0); a -inf score (cut by top-k / top-p) is never drawn; the recorded
-    log-probability is the chosen token's log_softmax."""
+def _draw(sampling, replies, scores):
+    """One engine step of `TurnSampling` on `scores` [rows, vocab] for `replies`: (drawn ids, recorded log-probs),
+    through the argument rows and the output rows the engine hands it."""
+    from types import SimpleNamespace
+
+    from turnforge.policies.engine import ARG_ROWS
+
+    sampling.replies = {f"r{i}": reply for i, reply in enumerate(replies)}
+    requests = [SimpleNamespace(state=SimpleNamespace(request_id=f"r{i}"), has_new_token=True) for i in range(len(replies))]
+    storage = torch.zeros(ARG_ROWS, len(replies), dtype=torch.int32)
+    sampling.prepare_tensor_args(requests, storage)
+    out = sampling(None, scores, storage)
+    output_ids = torch.zeros(2, len(replies), dtype=torch.int32)
+    sampling.write_outputs(out.unsqueeze(0), output_ids)
+    return output_ids[0].long(), output_ids[1].view(torch.float32)
+
+
+PROBS = torch.tensor([0.7, 0.2, 0.1, 0.0])
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, share", [
+    (1.0, 0, 1.0, [0.7, 0.2, 0.1, 0.0]),
+    (0.5, 0, 1.0, [0.49 / 0.54, 0.04 / 0.54, 0.01 / 0.54, 0.0]),  # softmax(log p / 0.5) = p^2 / sum p^2
+    (1.0, 2, 1.0, [0.7 / 0.9, 0.2 / 0.9, 0.0, 0.0]),  # top-k 2 keeps 0.7 and 0.2
+    (1.0, 0, 0.75, [0.7 / 0.9, 0.2 / 0.9, 0.0, 0.0]),  # ascending cumsum 0.1, 0.3, 1.0: 0.1 <= 1 - 0.75 is cut
+])
+def test_turn_sampling_draws_from_the_truncated_softmax_and_records_the_untruncated_logprob(temperature, top_k, top_p,
+                                                                                           share):
+    """One draw per reply over 4,000 replies of different seeds: the drawn ids follow softmax(scores / T) after
+    top-k / top-p (hand-worked shares); a zero-probability score is never drawn; the recorded log-probability is
+    the chosen token's log_softmax(scores / T) before truncation (the contract TRL recomputes)."""
     from turnforge.policies.engine import Reply, TurnSampling
 
-    sampling = TurnSampling()
-    scores = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0]])).repeat(4000, 1)
-    sampling.replies = {f"r{i}": Reply(1.0, 0, 1.0, seed=i, sampled=True) for i in range(4000)}
-    sampling._rows = list(sampling.replies)
-    drawn = sampling(scores, torch.zeros(4000, dtype=torch.int32)).argmax(dim=1)
-    share = torch.bincount(drawn, minlength=4).float() / 4000
-    assert share.tolist() == pytest.approx([0.7, 0.2, 0.1, 0.0], abs=0.025)
-    recorded = [sampling.replies[f"r{i}"].logprobs[0] for i in range(4000)]
-    assert recorded == pytest.approx(torch.log(torch.tensor([0.7, 0.2, 0.1]))[drawn].tolist(), abs=1e-6)
+    scores = torch.log(PROBS).repeat(4000, 1)
+    replies = [Reply(temperature, top_k, top_p, seed=i, sampled=True) for i in range(4000)]
+    drawn, recorded = _draw(TurnSampling(graphs=False), replies, scores)
+    assert (torch.bincount(drawn, minlength=4).float() / 4000).tolist() == pytest.approx(share, abs=0.025)
+    assert recorded.tolist() == pytest.approx(torch.log_softmax(scores[0] / temperature, 0)[drawn].tolist(), abs=1e-6)
+
+
+def test_turn_sampling_draws_depend_on_the_seed_and_token_index_only():
+    """The same (seed, token index) draws the same token whatever else shares the step, in eager mode or with the
+    graph path's always-on sort and draw; a greedy row is the argmax and its log_softmax, whatever its
+    neighbours; the next token of a reply draws a fresh number."""
+    from turnforge.policies.engine import Reply, TurnSampling
+
+    torch.manual_seed(0)
+    scores = torch.randn(6, 50)
+    def batch():
+        return [Reply(0.8, 10, 0.9, seed=s, sampled=True) for s in (11, 12, 13)] + [Reply(0.0, 0, 1.0, 0, False)]
+    alone, _ = _draw(TurnSampling(graphs=False), batch()[:1], scores[:1])
+    for graphs in (False, True):
+        together, recorded = _draw(TurnSampling(graphs=graphs), batch(), scores[:4])
+        assert together[0] == alone[0]
+        assert together[3] == scores[3].argmax()
+        assert recorded[3] == pytest.approx(torch.log_softmax(scores[3], 0).max().item(), abs=1e-6)
+    sampling, replies = TurnSampling(graphs=False), [Reply(1.0, 0, 1.0, seed=5, sampled=True)]
+    flat = torch.zeros(1, 1000)  # uniform over 1,000 tokens
+    first, _ = _draw(sampling, replies, flat)
+    second, _ = _draw(sampling, replies, flat)  # the same reply, its next token
+    assert replies[0].drawn == 2 and first != second
+
+
+def test_turn_sampling_is_one_graph_with_no_host_sync():
+    """What lets the engine capture a step in a CUDA graph: the sampler traces as one graph (no `.item()`,
+    `.tolist()` or data-dependent Python inside), checked by torch.compile's tracer (fullgraph, eager backend)."""
+    from turnforge.policies.engine import Reply, TurnSampling, _arg_rows
+
+    sampling = TurnSampling(graphs=True)
+    args = _arg_rows([Reply(0.7, 5, 0.9, seed=3, sampled=True), Reply(0.0, 0, 1.0, 0, False)])
+    scores = torch.randn(2, 64)
+    sampling(None, scores, args)
+    eager = sampling._drawn
+    torch.compile(lambda s, a: sampling(None, s, a), backend="eager", fullgraph=True)(scores, args)
+    assert all(torch.equal(a, b) for a, b in zip(eager, sampling._drawn, strict=True))
 
 
 def test_the_engine_internals_turnforge_touches_are_there_or_it_says_so():
@@ -258,8 +318,20 @@ def test_the_engine_internals_turnforge_touches_are_there_or_it_says_so():
     from turnforge.policies.engine import VERIFIED_TRANSFORMERS, _install_sampling
 
     assert ".".join(transformers.__version__.split(".")[:2]) in VERIFIED_TRANSFORMERS
-    with pytest.raises(RuntimeError, match="no longer has a `logit_processor`.*verified with transformers"):
+    with pytest.raises(RuntimeError, match="no longer has a `logit_processor` list.*verified with transformers"):
         _install_sampling(object(), None)
+    from types import SimpleNamespace
+
+    from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessorList
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    from turnforge.policies.engine import TurnSampling
+
+    manager = SimpleNamespace(logit_processor=ContinuousBatchingLogitsProcessorList(LogitsProcessorList()),
+                              _create_batch_processor=lambda: SimpleNamespace(model_runner=object()))
+    _install_sampling(manager, TurnSampling(graphs=False))
+    with pytest.raises(RuntimeError, match="model runner no longer has `_sample`.*verified with transformers"):
+        manager._create_batch_processor()
 
 
 def test_a_prompt_past_the_models_context_ends_its_episode_with_serves_refusal(tiny_model_dir, tasks):

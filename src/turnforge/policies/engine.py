@@ -6,16 +6,17 @@ slowest reply. The paged KV cache shares whole blocks by content (`allow_block_s
 starts from the blocks its turns 1..k-1 filled, so only the new suffix is prefilled (the hand-written prefix
 cache this replaces did the same per episode).
 
-What stays hand-written, and why (one thing): `TurnSampling`, the engine's logits processor. transformers' engine
-samples every row from one global generator and reports log-probabilities after top-k/top-p; turnforge's contract
-is per-reply seeded draws (the same episodes at any concurrency) and log_softmax(logits / T) before truncation
-(what TRL recomputes). It is a `ContinuousBatchingLogitsProcessor`, the engine's public extension point, installed
-by `_install_sampling` — the one place that touches the manager's internals (pinned: transformers 5.19-5.24,
-tests/test_engine.py fails loudly when they move).
+What stays hand-written, and why (one thing): `TurnSampling`, the engine's sampler. transformers' engine samples
+every row from one global generator and reports log-probabilities after top-k/top-p; turnforge's contract is
+per-reply seeded draws (the same episodes at any concurrency) and log_softmax(logits / T) before truncation (what
+TRL recomputes). It replaces the engine's processor list (the per-request arguments ride in the engine's static
+input rows) and its output step, both in `_install_sampling` — the one place that touches the engine's internals
+(pinned: transformers 5.19-5.24; tests/test_hf_policy.py fails by name when they move).
 
-Because the processor runs Python per step (a generator per reply, log-probs read back), the engine runs its
-forward eagerly: CUDA graphs and async batching are off (docs/decisions.md, "hf on the continuous-batching
-engine").
+The sampler is tensor work only (counter-based Gumbel noise, no per-reply generator, nothing read back to the host
+inside the step), so on a GPU the engine captures its steps in CUDA graphs; on a CPU the same code runs eagerly.
+Batching is synchronous: each step's arguments are prepared after the previous step's tokens are known
+(docs/decisions.md, "The hf policy on transformers' continuous-batching engine").
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, TopKLogitsWarper, TopPLogitsWarper
+from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.cb_logits_processors import (
-    ContinuousBatchingLogitsProcessor,
     ContinuousBatchingLogitsProcessorList,
 )
 from transformers.generation.logits_process import LogitsProcessorList
@@ -53,86 +53,162 @@ CPU_STEP_TOKENS = 1024
 
 @dataclass
 class Reply:
-    """One request's sampling: temperature (0: greedy), top-k (0: off), top-p (1: off), and its generator."""
+    """One request's sampling: temperature (0: greedy), top-k (0: off), top-p (1: off), its seed, and how many tokens
+    it has drawn (the counter of its noise)."""
 
     temperature: float
     top_k: int
     top_p: float
     seed: int
     sampled: bool
-    logprobs: list[float] = field(default_factory=list)
-    generator: torch.Generator | None = None
-
-    @property
-    def group(self) -> tuple[float, int, float]:
-        return (self.temperature if self.sampled else 0.0, self.top_k if self.sampled else 0,
-                self.top_p if self.sampled else 1.0)
+    drawn: int = 0
 
 
-class TurnSampling(ContinuousBatchingLogitsProcessor):
-    """temperature -> record log_softmax -> top-k -> top-p -> each sampled row's own Gumbel draw.
+# The rows of per-request arguments the engine carries to the sampler in its static input tensor (int32 each):
+# temperature (float32 bits; 0 = greedy), top-k (0 = off), top-p (float32 bits), the seed's low and high 32 bits,
+# and the index of the token being drawn.
+ARG_ROWS = 6
+_MASK32 = 0xFFFFFFFF
 
-    The engine then takes the argmax of what this returns: for a sampled row argmax(scores + G), G ~ Gumbel(0, 1)
-    from the reply's own generator (seeded by `row_seed`), is a draw from the truncated distribution (the Gumbel-max
-    trick); a greedy row is left as it is. The recorded log-probability of the chosen token is that of
-    log_softmax(logits / T), before truncation (greedy: log_softmax(logits)).
+
+class TurnSampling(ContinuousBatchingLogitsProcessorList):
+    """The engine's sampler: temperature -> record log_softmax -> top-k -> top-p -> each reply's own draw.
+
+    A sampled row draws by inverting the cumulative distribution of the truncated softmax at one uniform number, and
+    that number is counter-based: a hash of (the reply's seed, the index of the token drawn), so a reply draws the
+    same tokens whichever other replies share its steps. A greedy row takes the argmax. The recorded log-probability
+    of the chosen token is log_softmax(logits / T) before truncation (greedy: log_softmax(logits)); it travels in
+    the engine's own log-prob output row.
+
+    Everything per step is tensor work on the engine's static argument rows (`prepare_tensor_args` fills them on
+    the host), so the engine can capture it in a CUDA graph. Eagerly (a CPU), the sort for top-k/top-p and the draw
+    are skipped for a batch with no row that needs them; in a graph they always run (a captured graph cannot branch).
     """
 
-    supported_kwargs: dict[str, type] = {}
-    ignored_kwargs: tuple[str, ...] = ()
-
-    def __init__(self) -> None:
+    def __init__(self, graphs: bool) -> None:
+        super().__init__(LogitsProcessorList())
+        self.tensors_required = ARG_ROWS
+        self.do_processing = True
+        self.graphs = graphs
         self.replies: dict[str, Reply] = {}
         self.lock = threading.Lock()
-        self._rows: list[str] = []
+        self._truncate = self._sample = False
+        self._drawn: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.zero_()
+        int32_tensor.copy_(_arg_rows([Reply(0.0, 0, 1.0, 0, False)]).to(int32_tensor.device))
 
-    def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
-        # Called on the engine thread before the forward whose rows these are (synchronous batching only).
-        self._rows = [r.state.request_id for r in requests_with_new_token]
-        return torch.zeros(len(self._rows), dtype=torch.int32)
-
-    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
-        rows = self._rows[: scores.shape[0]]
+    def prepare_tensor_args(self, requests_in_batch, arg_storage: torch.Tensor) -> torch.Tensor:
+        """Fill the argument rows of the requests that draw a token this step, in the engine's row order (called on
+        the engine's thread before the step's forward)."""
+        ids = [r.state.request_id for r in requests_in_batch if r.has_new_token]
         with self.lock:
-            replies = [self.replies.get(r) for r in rows]
-        out = scores.clone()
-        groups: dict[tuple, list[int]] = {}
-        for i, reply in enumerate(replies):
-            if reply is not None:
-                groups.setdefault(reply.group, []).append(i)
-        for (temperature, top_k, top_p), index in groups.items():
-            at = torch.tensor(index, device=scores.device)
-            out[at] = self._sample(scores[at], temperature, top_k, top_p, [replies[i] for i in index])
-        return out
+            replies = [self.replies.get(i) or Reply(0.0, 0, 1.0, 0, False) for i in ids]
+        rows = _arg_rows(replies)
+        for reply in replies:
+            reply.drawn += 1
+        self._sample = any(r.sampled for r in replies)
+        self._truncate = any(r.sampled and (r.top_k > 0 or r.top_p < 1.0) for r in replies)
+        arg_storage[:, : len(ids)] = rows.to(arg_storage.device)
+        return arg_storage
 
-    def _sample(self, scores: torch.Tensor, temperature: float, top_k: int, top_p: float, replies: list[Reply]):
-        scaled = scores / temperature if temperature > 0 else scores
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, args: torch.Tensor) -> torch.Tensor:
+        n, width = scores.shape
+        args = args[:, :n]
+        temperature = args[0].view(torch.float32)
+        sampled = temperature > 0
+        scaled = scores / torch.where(sampled, temperature, 1.0).unsqueeze(-1) if self.graphs or self._sample else scores
         logprobs = torch.log_softmax(scaled, dim=-1)
-        if temperature == 0:
-            chosen = scaled.argmax(dim=-1)
-            noisy = scaled
-        else:
-            truncated = scaled
-            if top_k > 0:
-                truncated = TopKLogitsWarper(top_k)(None, truncated)
-            if top_p < 1.0:
-                truncated = TopPLogitsWarper(top_p)(None, truncated)
-            noisy = truncated + torch.stack([_gumbel(r, scores.shape[-1], scores.device) for r in replies])
-            chosen = noisy.argmax(dim=-1)
-        picked = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
-        for reply, value in zip(replies, picked, strict=True):
-            reply.logprobs.append(value)
-        return noisy
+        tokens = scaled.argmax(dim=-1)
+        if self.graphs or self._sample:
+            if self.graphs or self._truncate:
+                ordered, order = scaled.sort(dim=-1, descending=True)
+                weights = truncated_probs(ordered, torch.where(sampled, args[1], 0), args[2].view(torch.float32))
+            else:
+                order, weights = None, logprobs.exp()
+            drawn = inverse_cdf(weights, draw_uniform(args[3], args[4], args[5]))
+            if order is not None:
+                drawn = order.gather(1, drawn.unsqueeze(1)).squeeze(1)
+            tokens = torch.where(sampled, drawn, tokens)
+        self._drawn = (tokens, logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1))
+        return scores
+
+    def write_outputs(self, scores: torch.Tensor, output_ids: torch.Tensor) -> None:
+        """The engine's output step (in place of its `_sample`): the drawn ids, and their log-probabilities in the
+        log-prob row (float32 bits, as the engine stores its own)."""
+        tokens, logprobs = self._drawn
+        output_ids[0, : tokens.size(0)].copy_(tokens)
+        output_ids[1, : tokens.size(0)].copy_(logprobs.view(torch.int32))
 
 
-def _gumbel(reply: Reply, width: int, device: torch.device) -> torch.Tensor:
-    if reply.generator is None:
-        reply.generator = torch.Generator(device=device).manual_seed(reply.seed)
-    uniform = torch.rand(width, generator=reply.generator, device=device)
-    return -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+def _arg_rows(replies: list[Reply]) -> torch.Tensor:
+    """The int32 argument rows (`ARG_ROWS`) of `replies`, one column each.
+
+    >>> _arg_rows([Reply(0.5, 40, 0.9, (7 << 32) | 3, True, drawn=2)])[:, 0].tolist()
+    [1056964608, 40, 1063675494, 3, 7, 2]
+    """
+    def bits(value: float) -> int:
+        return int(torch.tensor(value, dtype=torch.float32).view(torch.int32))
+
+    def signed(word: int) -> int:
+        return word - (1 << 32) if word >= 1 << 31 else word
+
+    columns = [[bits(r.temperature if r.sampled else 0.0), r.top_k, bits(r.top_p), signed(r.seed & _MASK32),
+                signed((r.seed >> 32) & _MASK32), r.drawn] for r in replies]
+    return torch.tensor(columns, dtype=torch.int32).reshape(len(replies), ARG_ROWS).T
+
+
+def truncated_probs(ordered: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Each row's probabilities after top-k then top-p, over its scores sorted in descending order (not renormalised):
+    transformers' TopK then TopP warpers in one sort. Top-k keeps the first k (0: all); top-p then keeps a token
+    while the mass of the tokens before it, renormalised over the top-k, is below p (the first always).
+
+    >>> ordered = torch.log(torch.tensor([[0.6, 0.25, 0.1, 0.05]])).repeat(3, 1)
+    >>> kept = truncated_probs(ordered, torch.tensor([0, 2, 0]), torch.tensor([1.0, 1.0, 0.8]))
+    >>> [[round(p, 2) for p in row] for row in kept.tolist()]
+    [[0.6, 0.25, 0.1, 0.05], [0.71, 0.29, 0.0, 0.0], [0.6, 0.25, 0.0, 0.0]]
+    """
+    position = torch.arange(ordered.size(-1), device=ordered.device)
+    top_k = torch.where(top_k > 0, top_k, ordered.size(-1)).unsqueeze(-1)
+    probs = torch.softmax(ordered.masked_fill(position >= top_k, float("-inf")), dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    return probs.masked_fill(before >= top_p.unsqueeze(-1), 0.0)
+
+
+def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Per row, the index where the running sum of `weights` (not necessarily normalised) first reaches `uniform` (in
+    (0, 1)) times their total: a draw from the weights. Sums in float64; a zero weight is never drawn.
+
+    >>> inverse_cdf(torch.tensor([[0.5, 0.0, 0.5]] * 3), torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+    [0, 0, 2]
+    """
+    cdf = weights.to(torch.float64).cumsum(dim=-1)
+    target = (uniform * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=weights.size(-1) - 1)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (two multiply-xorshift rounds) of int64 values in [0, 2**32): no product leaves int64,
+    so every device computes the same bits."""
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x
+
+
+def draw_uniform(seed_low: torch.Tensor, seed_high: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+    """One uniform number in (0, 1) per row, at 53-bit resolution, from a hash of its seed (two int32 words) and the
+    index of the token it draws. Tensor work only (graph-safe).
+
+    >>> u = draw_uniform(*torch.tensor([[5, 5, 6], [0, 0, 0], [0, 1, 0]], dtype=torch.int32))
+    >>> bool(((0 < u) & (u < 1)).all()), len(set(u.tolist()))
+    (True, 3)
+    """
+    def word(x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.int64) & _MASK32
+
+    key = _mix32(word(seed_low) ^ _mix32(word(seed_high) ^ _mix32(word(drawn))))
+    high, low = _mix32(key ^ 0x9E3779B9) >> 6, _mix32(key ^ 0x7F4A7C15) >> 5  # 26 + 27 bits
+    return ((high * (1 << 27) + low).to(torch.float64) + 0.5) / float(1 << 53)
 
 
 @dataclass
@@ -154,14 +230,15 @@ class TurnEngine:
     def __init__(self, model, stop_ids: list[int], pad_id: int | None, prefix_sharing: bool = True,
                  max_requests: int = 64, max_context: int | None = None) -> None:
         self.model = model
-        self.sampling = TurnSampling()
+        on_cpu = model.device.type == "cpu"
+        graphs = model.device.type == "cuda"
+        self.sampling = TurnSampling(graphs)
         # Greedy to the engine (no warper is built): `TurnSampling` does all sampling.
         config = GenerationConfig(do_sample=False, eos_token_id=list(stop_ids), pad_token_id=pad_id)
-        on_cpu = model.device.type == "cpu"
         self.capacity = cpu_cache_tokens(max_requests, max_context) if on_cpu else None
         """Tokens the cache holds (None: sized by transformers from free memory); a longer request is refused."""
         cb = ContinuousBatchingConfig(
-            page_size=PAGE_SIZE, allow_block_sharing=prefix_sharing, use_cuda_graph=False,
+            page_size=PAGE_SIZE, allow_block_sharing=prefix_sharing, use_cuda_graph=graphs, return_logprobs=True,
             use_async_batching=False, max_requests_per_batch=max(1, max_requests), auto_switch_to_flash=False,
             num_blocks=self.capacity // PAGE_SIZE if on_cpu else None,
             max_batch_tokens=CPU_STEP_TOKENS if on_cpu else None,
@@ -233,21 +310,19 @@ class TurnEngine:
                 self._close(out.request_id)
                 future.set_exception(RuntimeError(f"generation failed: {out.error}"))
             elif out.is_finished():
-                reply = self._close(out.request_id)
+                self._close(out.request_id)
                 ids = list(out.generated_tokens)
                 self.generated += len(ids)
-                future.set_result(Finished(ids, reply.logprobs[: len(ids)]))
+                future.set_result(Finished(ids, list(out.logprobs[: len(ids)])))
             elif on_token is not None:
                 ids = list(out.generated_tokens)
-                with self.sampling.lock:
-                    reply = self.sampling.replies.get(out.request_id)
-                on_token(ids, list(reply.logprobs[: len(ids)]) if reply is not None else [])
+                on_token(ids, list(out.logprobs[: len(ids)]))
 
-    def _close(self, request: str) -> Reply:
+    def _close(self, request: str) -> None:
         with self._lock:
             self._open.pop(request, None)
         with self.sampling.lock:
-            return self.sampling.replies.pop(request)
+            self.sampling.replies.pop(request, None)
 
     def _fail_open(self, error: Exception) -> None:
         with self._lock:
@@ -291,15 +366,31 @@ def cpu_cache_tokens(max_requests: int, max_context: int | None) -> int:
 
 
 def _install_sampling(manager, sampling: TurnSampling) -> None:
-    """Make `sampling` the engine's only logits processor (before its loop starts). transformers builds the list
-    from a GenerationConfig and has no argument for a custom `ContinuousBatchingLogitsProcessor`, so the list is
-    replaced here, and its one int32 argument row declared (`tensors_required`)."""
-    if not isinstance(getattr(manager, "logit_processor", None), ContinuousBatchingLogitsProcessorList):
+    """Make `sampling` the engine's logits processing and its output step (before its loop starts).
+
+    transformers builds its processor list from a GenerationConfig and has no argument for a custom one, so the
+    manager's list is replaced; and its model runner's `_sample` (softmax, argmax or `multinomial` from the global
+    generator, log-probabilities after truncation) is replaced on the runner the loop thread creates, by
+    `sampling.write_outputs`."""
+    if not isinstance(getattr(manager, "logit_processor", None), ContinuousBatchingLogitsProcessorList) or not callable(
+            getattr(manager, "_create_batch_processor", None)):
         raise RuntimeError(
-            "transformers' ContinuousBatchingManager no longer has a `logit_processor` list; turnforge's sampler was "
-            f"verified with transformers {', '.join(VERIFIED_TRANSFORMERS)} (src/turnforge/policies/engine.py)"
+            "transformers' ContinuousBatchingManager no longer has a `logit_processor` list and a "
+            "`_create_batch_processor`; turnforge's sampler was verified with transformers "
+            f"{', '.join(VERIFIED_TRANSFORMERS)} (src/turnforge/policies/engine.py)"
         )
-    processors = ContinuousBatchingLogitsProcessorList(LogitsProcessorList([sampling]))
-    processors.tensors_required = 1
-    processors.do_processing = True
-    manager.logit_processor = processors
+    manager.logit_processor = sampling
+    create = manager._create_batch_processor
+
+    def create_with_sampling():
+        processor = create()
+        runner = getattr(processor, "model_runner", None)
+        if not callable(getattr(runner, "_sample", None)):
+            raise RuntimeError(
+                "transformers' continuous-batching model runner no longer has `_sample`; turnforge's sampler was "
+                f"verified with transformers {', '.join(VERIFIED_TRANSFORMERS)} (src/turnforge/policies/engine.py)"
+            )
+        runner._sample = sampling.write_outputs
+        return processor
+
+    manager._create_batch_processor = create_with_sampling
