@@ -44,12 +44,13 @@ train = {{ max_steps = 2, learning_rate = 1e-2, batch_size = 2, max_length = 102
 [[stages]]
 kind = "grpo"
 steps = 2
+model = "base"         # rft's lr 1e-2 may leave a model whose groups are all alike (every reply unparsed)
 tasks = 4
 {GRPO}
 
 [[stages]]
 kind = "envtune"
-model = "rft"          # the grpo stage's lr 1e-2 may leave a model whose groups are all alike
+model = "base"
 tasks = 4
 {GRPO}
 [[stages.phases]]
@@ -100,7 +101,7 @@ def test_rft_grpo_envtune_stages_train_and_report(household_sft_model_dir, tmp_p
 
     start = _params(household_sft_model_dir)
     models = [_params(out / f"stages/{d}/model") for d in ("01-rft", "02-grpo", "03-envtune")]
-    assert _changed(start, models[0]) and _changed(models[0], models[1]) and _changed(models[0], models[2])
+    assert all(_changed(start, m) for m in models)  # each stage trained the model it started from
     assert summary["eval"]["eval"]["n_episodes"] == 2
     assert (out / "plots/grpo_reward.png").stat().st_size > 0
     assert "grpo reward per step" in (out / "report.md").read_text()
