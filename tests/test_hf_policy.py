@@ -356,3 +356,50 @@ def test_a_prompt_past_the_models_context_ends_its_episode_with_serves_refusal(t
     for turn in traj.turns:
         assert position + len(turn.generated_ids) <= first + 40
         position += len(turn.generated_ids) + len(turn.observation_ids)
+
+
+def test_a_forward_during_an_engine_step_stays_causal(tiny_model_dir, tasks):
+    """transformers' forward sets `config.is_causal` for its duration (the engine's: False) and restores it after. A
+    forward on the same model from another thread during an engine step ran non-causal and left `False` behind
+    for every later forward (`turnforge serve`'s scoring beside its generation; seen as a flaky log-prob test).
+    Forced overlap: the engine's step waits inside its first layer until this thread's forward starts (2 s at
+    most); forwards are serialized, so this one waits for the step instead, and both it and every later forward
+    equal the forward before."""
+    import threading
+
+    from turnforge.models.loading import load_model
+
+    lm, tokenizer = load_model(str(tiny_model_dir), device="cpu")
+    policy = HFPolicy.from_model(lm, tokenizer)
+    [prompt] = prompts_of(policy, tasks[:1])
+    ids = torch.tensor([prompt.ids])
+    causal_before = getattr(lm.config, "is_causal", None)
+    with torch.no_grad():
+        reference = lm(input_ids=ids).logits
+    me, engine_in_step, mine_started = threading.get_ident(), threading.Event(), threading.Event()
+
+    def first_layer(_module, _args):
+        if threading.get_ident() == me:
+            mine_started.set()
+        elif not engine_in_step.is_set():
+            engine_in_step.set()
+            mine_started.wait(timeout=2)
+
+    handle = lm.model.layers[0].register_forward_pre_hook(first_layer)
+    replies: list = []
+    generating = threading.Thread(target=lambda: replies.extend(
+        policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=4))))
+    generating.start()
+    try:
+        assert engine_in_step.wait(timeout=60)
+        with torch.no_grad():
+            during = lm(input_ids=ids).logits
+        generating.join(timeout=60)
+    finally:
+        handle.remove()
+        policy.close()
+    assert len(replies) == 1 and replies[0].ids
+    assert getattr(lm.config, "is_causal", None) == causal_before
+    with torch.no_grad():
+        after = lm(input_ids=ids).logits
+    assert torch.allclose(during, reference, atol=1e-5) and torch.allclose(after, reference, atol=1e-5)

@@ -278,6 +278,7 @@ class TurnEngine:
                 return
             self._started = True
         _RUNNING.add(self)
+        serialize_forwards(self.manager.model)
         self._hook = self.manager.model.register_forward_pre_hook(self._count, with_kwargs=True)
         # A thread inherits daemon-ness from the thread that makes it: the engine's loop and our result thread then
         # never keep a finished program alive (the manager's own thread is not a daemon).
@@ -344,6 +345,23 @@ class TurnEngine:
 
 
 _RUNNING: weakref.WeakSet[TurnEngine] = weakref.WeakSet()
+
+
+def serialize_forwards(model) -> None:
+    """One forward at a time on `model`, whichever thread calls it (idempotent; for the model's lifetime).
+
+    Why: transformers' forward sets `config.is_causal` for its duration and restores it after
+    (`merge_with_config_defaults`); the engine's forwards pass `is_causal=False`. A forward on the same model from
+    another thread (`turnforge serve`'s scoring, a test's recomputation) that overlaps one of the engine's ran
+    non-causal attention and restored `False` as the config's value: every later plain forward of that model was
+    non-causal (wrong log-probs, no error). An RLock taken in a forward pre-hook and released in a forward hook
+    (`always_call`, so an exception releases it too) serializes them."""
+    if getattr(model, "_turnforge_forward_lock", None) is not None:
+        return
+    lock = threading.RLock()
+    model._turnforge_forward_lock = lock
+    model.register_forward_pre_hook(lambda *_: lock.acquire() and None)
+    model.register_forward_hook(lambda *_: lock.release(), always_call=True)
 
 
 def stop_engines() -> None:
