@@ -322,7 +322,9 @@ def test_the_engine_internals_turnforge_touches_are_there_or_it_says_so():
         _install_sampling(object(), None)
     from types import SimpleNamespace
 
-    from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessorList
+    from transformers.generation.continuous_batching.cb_logits_processors import (
+        ContinuousBatchingLogitsProcessorList,
+    )
     from transformers.generation.logits_process import LogitsProcessorList
 
     from turnforge.policies.engine import TurnSampling

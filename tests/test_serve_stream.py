@@ -88,16 +88,17 @@ def test_a_stream_says_what_the_plain_answer_says_token_for_token(client, case):
 def test_a_stream_sends_pieces_while_the_reply_is_still_generating(client, monkeypatch):
     """Token by token (issue 51): the engine reports each token, and content chunks built from a reply that has not
     ended yet go out at once; with the rest they say exactly what the plain answer says."""
-    from turnforge.policies import serve, serve_stream
+    from turnforge.policies import serve_stream
 
-    seen: list[tuple[int, int]] = []  # (tokens of the reply so far, pieces sendable)
+    seen: list[tuple[int, int]] = []  # (tokens of the reply so far, pieces sent at that update)
+    update = serve_stream.EarlyPieces.update
 
-    def spy(decode, ids, stop_ids, stop):
-        pieces = serve_stream.early_pieces(decode, ids, stop_ids, stop)
+    def spy(self, ids):
+        pieces = update(self, ids)
         seen.append((len(ids), len(pieces)))
         return pieces
 
-    monkeypatch.setattr(serve, "early_pieces", spy)
+    monkeypatch.setattr(serve_stream.EarlyPieces, "update", spy)
     kw = _request(max_tokens=60)
     chunks = list(client.chat.completions.create(**kw, stream=True))
     whole = client.chat.completions.create(**kw)
@@ -192,6 +193,34 @@ def test_text_pieces_hold_back_split_characters_and_never_pass_the_content():
     pieces = text_pieces(decode, [1, 2, 3, 4, 5], "ab\u00e9c|")
     assert [(p.text, p.start, p.end) for p in pieces] == [("ab", 0, 1), ("\u00e9c", 1, 3), ("|", 3, 4)]
     assert text_pieces(decode, [1, 2], "") == []
+
+
+@pytest.mark.parametrize("stop", [[], ["é w", "zz"]])
+def test_early_pieces_resumed_token_by_token_are_the_pieces_cut_from_scratch(tiny_model_dir, stop):
+    """`EarlyPieces` resumes after what it handed out (linear in the reply): at every length of a reply with
+    accents, an emoji split across tokens and stop strings, what it has handed out so far is what cutting every
+    prefix from scratch would have sent (the longest cut so far: a tail that may begin a stop string can shrink a
+    later cut), and all of it begins the finished reply's pieces."""
+    from transformers import AutoTokenizer
+
+    from turnforge.policies.serve_stream import EarlyPieces, text_pieces
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    ids = tokenizer("Café crème 🙂 déjà vu, naïve façade — go to desk 1 é w then zz.")["input_ids"]
+    def cut(pieces):
+        return [(p.text, p.start, p.end) for p in pieces]
+
+    early, handed, longest = EarlyPieces(tokenizer.decode, [], stop), [], []
+    for k in range(1, len(ids) + 1):
+        handed += cut(early.update(ids[:k]))
+        fresh = cut(EarlyPieces(tokenizer.decode, [], stop).update(ids[:k]))
+        assert longest[: len(fresh)] == fresh[: len(longest)], k
+        longest = max(longest, fresh, key=len)
+        assert handed == longest, k
+    text = tokenizer.decode(ids)
+    content = text[: min([text.find(s) for s in stop if s in text], default=len(text))]
+    assert handed == cut(text_pieces(tokenizer.decode, ids, content))[: len(handed)]
+    assert "".join(p[0] for p in handed).startswith("Café crème 🙂 déjà vu")
 
 
 def test_a_client_that_leaves_mid_stream_does_not_break_the_server(url, client, served, caplog):

@@ -68,8 +68,8 @@ from turnforge.policies.serve_scoring import CompletionRequest, complete
 from turnforge.policies.serve_stream import (
     DONE,
     Choice,
+    EarlyPieces,
     choice_chunks,
-    early_pieces,
     piece_chunk,
     role_chunk,
     sse,
@@ -449,6 +449,7 @@ async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: 
         yield sse((first if index == 0 else head) | {"choices": [role_chunk(index)]})
     decode = served.tokenizer.decode
     sent = [0] * request.n
+    early = [EarlyPieces(decode, served.hf.stop_ids, job.params.stop) for _ in range(request.n)]
     entries: list[list[dict]] = [[] for _ in range(request.n)]  # each choice's logprob entries so far
     while not answer.done():
         update = asyncio.ensure_future(grown.get())
@@ -461,11 +462,10 @@ async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: 
         if request.logprobs:
             entries[index] += _logprobs(served, Generation(text="", ids=ids[len(entries[index]):],
                                                            logprobs=logprobs[len(entries[index]):]))
-        pieces = early_pieces(decode, ids, served.hf.stop_ids, job.params.stop)
-        for piece in pieces[sent[index]:]:
+        for piece in early[index].update(ids):
             chunk = piece_chunk(index, piece, gen, entries[index] if request.logprobs else None, request.return_token_ids)
             yield sse(head | {"choices": [chunk]})
-        sent[index] = max(sent[index], len(pieces))
+            sent[index] += 1
     try:
         choices = await asyncio.shield(answer)
     except Exception as e:  # after the 200 header: the error goes in the stream, where OpenAI's clients raise it
