@@ -22,6 +22,7 @@ Batching is synchronous: each step's arguments are prepared after the previous s
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
 import weakref
 from collections.abc import Callable
@@ -148,7 +149,7 @@ def _arg_rows(replies: list[Reply]) -> torch.Tensor:
     [1056964608, 40, 1063675494, 3, 7, 2]
     """
     def bits(value: float) -> int:
-        return int(torch.tensor(value, dtype=torch.float32).view(torch.int32))
+        return struct.unpack("<i", struct.pack("<f", value))[0]
 
     def signed(word: int) -> int:
         return word - (1 << 32) if word >= 1 << 31 else word
