@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -402,6 +403,81 @@ def test_a_forward_during_an_engine_step_stays_causal(tiny_model_dir, tasks):
         policy.close()
     assert len(replies) == 1 and replies[0].ids
     assert getattr(lm.config, "is_causal", None) == causal_before
+    assert not hasattr(lm, "_turnforge_engines") and lm.config._attn_implementation == "sdpa"  # all undone
     with torch.no_grad():
         after = lm(input_ids=ids).logits
     assert torch.allclose(during, reference, atol=1e-5) and torch.allclose(after, reference, atol=1e-5)
+
+
+def test_the_engine_is_made_once_when_threads_ask_for_it_at_once(tiny_model_dir):
+    """The rollout calls `generate` from several threads at once; the lazily made engine raced, and two engines on
+    one model each took requests (each with its own cache; one never closed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", batch_size=4)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            engines = list(pool.map(lambda _: policy.engine, range(8)))
+        assert all(e is engines[0] for e in engines)
+    finally:
+        policy.close()
+
+
+def test_the_cpu_attention_attends_each_request_to_its_own_keys():
+    """`varlen_sdpa` on three packed requests (a decoding one, a prefill chunk after cached keys, a whole prompt),
+    grouped key/value heads: each query row equals causal attention (bottom-right aligned) over its request's keys
+    alone, computed by hand; without the engine's bounds it is transformers' SDPA."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from turnforge.policies.engine import varlen_sdpa
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim, shapes = 4, 2, 16, [(1, 5), (3, 7), (4, 4)]  # (queries, keys) per request
+    qs = [torch.randn(1, heads, q, dim) for q, _ in shapes]
+    ks = [torch.randn(1, kv_heads, k, dim) for _, k in shapes]
+    vs = [torch.randn(1, kv_heads, k, dim) for _, k in shapes]
+    out, _ = varlen_sdpa(SimpleNamespace(), torch.cat(qs, 2), torch.cat(ks, 2), torch.cat(vs, 2), None,
+                         scaling=dim ** -0.5, cu_seq_lens_q=torch.tensor([0, 1, 4, 8]),
+                         cu_seq_lens_k=torch.tensor([0, 5, 12, 16]))
+    expected = []
+    for (q, k), query, key, value in zip(shapes, qs, ks, vs, strict=True):
+        key, value = key.repeat_interleave(heads // kv_heads, 1), value.repeat_interleave(heads // kv_heads, 1)
+        allowed = torch.arange(k)[None, :] <= torch.arange(q)[:, None] + (k - q)
+        scores = (query @ key.transpose(-1, -2) * dim ** -0.5).masked_fill(~allowed, float("-inf"))
+        expected.append(torch.softmax(scores, -1) @ value)
+    assert torch.allclose(out, torch.cat(expected, 2).transpose(1, 2), atol=1e-5)
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    plain = varlen_sdpa(module, qs[2], ks[2], vs[2], None, scaling=dim ** -0.5)[0]
+    assert torch.equal(plain, sdpa_attention_forward(module, qs[2], ks[2], vs[2], None, scaling=dim ** -0.5)[0])
+
+
+def test_after_the_engines_loop_dies_a_request_fails_at_once(tiny_model_dir, tasks):
+    """A forward that raises ends transformers' loop: the open request fails with the reason, and a request made
+    after it is refused at once (it waited forever: no thread was left to answer it)."""
+    from turnforge.models.loading import load_model
+
+    lm, tokenizer = load_model(str(tiny_model_dir), device="cpu")
+    policy = HFPolicy.from_model(lm, tokenizer)
+    [prompt] = prompts_of(policy, tasks[:1])
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+
+    def broken(_module, _args):
+        raise RuntimeError("a broken forward")
+
+    handle = lm.model.layers[0].register_forward_pre_hook(broken)
+    try:
+        with pytest.raises(RuntimeError, match="a broken forward|engine stopped"):
+            policy.generate([prompt], params)
+        for _ in range(50):  # the loop thread ends just after it fails the open requests
+            if policy.engine._failed is not None:
+                break
+            time.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="engine stopped"):
+            policy.generate([prompt], params)
+        assert time.monotonic() - started < 5
+    finally:
+        handle.remove()
+        policy.close()

@@ -30,12 +30,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from transformers import AttentionInterface, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingLogitsProcessorList,
 )
 from transformers.generation.logits_process import LogitsProcessorList
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 # The transformers releases whose engine internals `_install_sampling` was verified against.
 VERIFIED_TRANSFORMERS = ("5.19", "5.20", "5.21", "5.22", "5.23", "5.24")
@@ -212,6 +214,56 @@ def draw_uniform(seed_low: torch.Tensor, seed_high: torch.Tensor, drawn: torch.T
     return ((high * (1 << 27) + low).to(torch.float64) + 0.5) / float(1 << 53)
 
 
+CPU_ATTENTION = "turnforge_varlen_sdpa"
+"""The attention the engine runs on a CPU (registered with transformers' `AttentionInterface`, its public way to
+add one): the engine packs every request of a step into one sequence, and its SDPA path then attends each query to
+every request's keys through a mask — O(requests^2 x context) a step, and every key/value head copied per query
+head (a profile of the quickstart's 200-episode evaluation: 60 % of the engine's time in that attention and its
+`repeat_kv`; 4-8x slower than the batched `generate` it replaced). This one attends each request to its own keys
+(`cu_seq_lens_q/k`, which transformers' engine passes to an attention that needs no mask), key/value heads kept
+grouped (`enable_gqa`)."""
+
+
+def varlen_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, scaling=None,
+                dropout: float = 0.0, **kwargs):
+    """Attention over packed requests [1, heads, tokens, dim], each to its own keys (the last `q` of its `k` keys
+    are its queries: causal, bottom-right aligned). Without the engine's sequence bounds (a plain forward of the
+    same model) it is transformers' SDPA attention, unchanged."""
+    bounds_q, bounds_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if isinstance(bounds_k, dict):
+        bounds_k = bounds_k["sliding_attention" if getattr(module, "sliding_window", None) else "full_attention"]
+    if bounds_q is None or bounds_k is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    starts_q, starts_k = bounds_q.tolist(), bounds_k.tolist()
+    outputs = []
+    for q0, q1, k0, k1 in zip(starts_q, starts_q[1:], starts_k, starts_k[1:], strict=False):
+        q, k = q1 - q0, k1 - k0
+        mask = None
+        if q > 1:
+            rows = torch.arange(q, device=query.device).unsqueeze(1) + (k - q)
+            mask = torch.arange(k, device=query.device).unsqueeze(0) <= rows
+        outputs.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, scale=scaling, enable_gqa=True))
+    out = torch.cat(outputs, dim=2)
+    if out.shape[2] < query.shape[2]:  # padding rows past the last request
+        out = torch.nn.functional.pad(out, (0, 0, 0, query.shape[2] - out.shape[2]))
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(CPU_ATTENTION, varlen_sdpa)
+
+
+def _cpu_attention_verified() -> bool:
+    """Whether this transformers gives `varlen_sdpa` every key it attends to. Verified with 5.24; 5.19 (vLLM's CPU
+    build's) reads cached prefix blocks only for attentions that take a mask (its key states hold the new tokens
+    alone), so there the engine keeps SDPA."""
+    import transformers
+
+    return tuple(int(p) for p in transformers.__version__.split(".")[:2]) >= (5, 24)
+AttentionMaskInterface.register(CPU_ATTENTION, sdpa_mask)
+
+
 @dataclass
 class Finished:
     """A request's outcome: the generated ids (the end-of-turn id kept) and their log-probabilities."""
@@ -252,6 +304,9 @@ class TurnEngine:
         self._lock = threading.Lock()
         self._started = False
         self._hook = None
+        self._detach: Callable[[], None] | None = None
+        self._failed: Exception | None = None
+        """Why the engine's loop ended, once it has: later requests are refused with it."""
         self.forward_tokens = 0
         """Tokens the model ran, prefill and decode: with `submitted` and `generated`, what prefix sharing saved."""
         self.submitted = 0
@@ -262,11 +317,13 @@ class TurnEngine:
     def submit(self, ids: list[int], max_new_tokens: int, reply: Reply,
                on_token: Callable[[list[int]], None] | None = None) -> Future:
         self._start()
-        self.submitted += len(ids)
         future: Future = Future()
         request = f"turn-{next(self._ids)}"
-        with self._lock:
+        with self._lock:  # `generate` is called from several threads at once
+            if self._failed is not None:  # the engine's loop died: no one would answer this request
+                raise RuntimeError(f"the continuous-batching engine stopped: {self._failed}")
             self._open[request] = (future, on_token)
+            self.submitted += len(ids)
         with self.sampling.lock:
             self.sampling.replies[request] = reply
         self.manager.add_request(list(ids), request_id=request, max_new_tokens=max_new_tokens,
@@ -279,7 +336,7 @@ class TurnEngine:
                 return
             self._started = True
         _RUNNING.add(self)
-        serialize_forwards(self.manager.model)
+        self._detach = attach_engine(self.manager.model)
         self._hook = self.manager.model.register_forward_pre_hook(self._count, with_kwargs=True)
         # A thread inherits daemon-ness from the thread that makes it: the engine's loop and our result thread then
         # never keep a finished program alive (the manager's own thread is not a daemon).
@@ -329,6 +386,7 @@ class TurnEngine:
     def _fail_open(self, error: Exception) -> None:
         with self._lock:
             open_, self._open = self._open, {}
+            self._failed = error
         for future, _ in open_.values():
             if not future.done():
                 future.set_exception(error)
@@ -342,27 +400,51 @@ class TurnEngine:
             _RUNNING.discard(self)
             self.manager.stop(block=True, hard_stop=hard)
             self._hook.remove()
+            self._detach()
             self._fail_open(RuntimeError("the continuous-batching engine was stopped"))
 
 
 _RUNNING: weakref.WeakSet[TurnEngine] = weakref.WeakSet()
 
 
-def serialize_forwards(model) -> None:
-    """One forward at a time on `model`, whichever thread calls it (idempotent; for the model's lifetime).
+_ATTACHING = threading.Lock()
 
-    Why: transformers' forward sets `config.is_causal` for its duration and restores it after
-    (`merge_with_config_defaults`); the engine's forwards pass `is_causal=False`. A forward on the same model from
-    another thread (`turnforge serve`'s scoring, a test's recomputation) that overlaps one of the engine's ran
-    non-causal attention and restored `False` as the config's value: every later plain forward of that model was
-    non-causal (wrong log-probs, no error). An RLock taken in a forward pre-hook and released in a forward hook
-    (`always_call`, so an exception releases it too) serializes them."""
-    if getattr(model, "_turnforge_forward_lock", None) is not None:
-        return
-    lock = threading.RLock()
-    model._turnforge_forward_lock = lock
-    model.register_forward_pre_hook(lambda *_: lock.acquire() and None)
-    model.register_forward_hook(lambda *_: lock.release(), always_call=True)
+
+def attach_engine(model) -> Callable[[], None]:
+    """What a running engine changes on its model, undone by the returned release when the model's last engine
+    stops (engines on one model share it):
+
+    - one forward at a time, whichever thread calls it. transformers' forward sets `config.is_causal` for its
+      duration and restores it after (`merge_with_config_defaults`); the engine's forwards pass `is_causal=False`.
+      A forward of the same model from another thread (`turnforge serve`'s scoring, a test's recomputation) that
+      overlapped one of the engine's ran non-causal and restored `False` as the config's value: every later plain
+      forward was non-causal (wrong log-probs, no error). An RLock taken in a forward pre-hook and released in a
+      forward hook (`always_call`: an exception releases it too) serializes them.
+    - on a CPU, the model's SDPA attention becomes `CPU_ATTENTION` (plain forwards through it are SDPA's).
+    """
+    with _ATTACHING:
+        state = getattr(model, "_turnforge_engines", None)
+        if state is None:
+            lock = threading.RLock()
+            hooks = (model.register_forward_pre_hook(lambda *_: lock.acquire() and None),
+                     model.register_forward_hook(lambda *_: lock.release(), always_call=True))
+            attention = model.config._attn_implementation
+            if model.device.type == "cpu" and attention == "sdpa" and _cpu_attention_verified():
+                model.set_attn_implementation(CPU_ATTENTION)
+            state = model._turnforge_engines = {"users": 0, "hooks": hooks, "attention": attention}
+        state["users"] += 1
+
+    def release() -> None:
+        with _ATTACHING:
+            state["users"] -= 1
+            if state["users"] == 0:
+                for hook in state["hooks"]:
+                    hook.remove()
+                if model.config._attn_implementation != state["attention"]:
+                    model.set_attn_implementation(state["attention"])
+                del model._turnforge_engines
+
+    return release
 
 
 def stop_engines() -> None:

@@ -24,6 +24,7 @@ up to `batch_size` at once, and the engine batches whatever is open at each step
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -95,6 +96,7 @@ class HFPolicy:
         self.prefix_sharing = prefix_sharing
         self.max_context = model_context(self.model.config)
         self._engine: TurnEngine | None = None
+        self._engine_lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -102,14 +104,16 @@ class HFPolicy:
 
     @property
     def engine(self) -> TurnEngine:
-        """The model's continuous-batching engine, made on first use."""
-        if self._engine is None:
-            self._engine = TurnEngine(self.model, self.stop_ids, self.tokenizer.pad_token_id,
-                                      prefix_sharing=self.prefix_sharing, max_requests=self.batch_size,
-                                      max_context=self.max_context)
-            # The engine's threads hold it, not this policy: a policy dropped without `close` stops its engine.
-            weakref.finalize(self, self._engine.stop)
-        return self._engine
+        """The model's continuous-batching engine, made on first use (once: the rollout calls `generate` from
+        several threads at once, and two engines on one model each took requests, each with its own cache)."""
+        with self._engine_lock:
+            if self._engine is None:
+                self._engine = TurnEngine(self.model, self.stop_ids, self.tokenizer.pad_token_id,
+                                          prefix_sharing=self.prefix_sharing, max_requests=self.batch_size,
+                                          max_context=self.max_context)
+                # The engine's threads hold it, not this policy: a policy dropped without `close` stops its engine.
+                weakref.finalize(self, self._engine.stop)
+            return self._engine
 
     def generate(self, prompts: list[Prompt], params: SamplingParams, on_token=None) -> list[Generation]:
         """One reply per prompt, in order: every prompt is an engine request at once, and the call returns when all
@@ -137,8 +141,9 @@ class HFPolicy:
 
     def close(self) -> None:
         """Stop the engine (its KV cache is freed); the next `generate` makes a new one."""
-        if self._engine is not None:
+        with self._engine_lock:
             engine, self._engine = self._engine, None
+        if engine is not None:
             engine.stop()
 
 
