@@ -8,6 +8,7 @@ here whole (its three modules in one file) so that `benchmarks/hf_engine.py` run
 # ruff: noqa: E402  (three modules concatenated whole, each with its imports)
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -267,6 +268,7 @@ class HFPolicy(engine_hf.HFPolicy):
         self.stop_ids = sorted({self.tokenizer.eos_token_id, *extra})
         self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_cache else None
         self._engine = None  # the new policy's; `close` then has nothing to stop
+        self._engine_lock = threading.Lock()
         self.max_context = model_context(self.model.config)
 
     @property
