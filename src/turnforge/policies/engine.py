@@ -57,7 +57,7 @@ CPU_STEP_TOKENS = 1024
 @dataclass
 class Reply:
     """One request's sampling: temperature (0: greedy), top-k (0: off), top-p (1: off), its seed, and how many tokens
-    it has drawn (the counter of its noise)."""
+    it has drawn (the counter its draws are hashed from)."""
 
     temperature: float
     top_k: int
@@ -65,6 +65,11 @@ class Reply:
     seed: int
     sampled: bool
     drawn: int = 0
+
+    @classmethod
+    def greedy(cls) -> Reply:
+        """The arguments of a row that no reply owns (the engine's warm-up, its defaults)."""
+        return cls(0.0, 0, 1.0, 0, False)
 
 
 # The rows of per-request arguments the engine carries to the sampler in its static input tensor (int32 each):
@@ -95,23 +100,23 @@ class TurnSampling(ContinuousBatchingLogitsProcessorList):
         self.graphs = graphs
         self.replies: dict[str, Reply] = {}
         self.lock = threading.Lock()
-        self._truncate = self._sample = False
+        self._any_truncated = self._any_sampled = False
         self._drawn: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.copy_(_arg_rows([Reply(0.0, 0, 1.0, 0, False)]).to(int32_tensor.device))
+        int32_tensor.copy_(_arg_rows([Reply.greedy()]).to(int32_tensor.device))
 
     def prepare_tensor_args(self, requests_in_batch, arg_storage: torch.Tensor) -> torch.Tensor:
         """Fill the argument rows of the requests that draw a token this step, in the engine's row order (called on
         the engine's thread before the step's forward)."""
         ids = [r.state.request_id for r in requests_in_batch if r.has_new_token]
         with self.lock:
-            replies = [self.replies.get(i) or Reply(0.0, 0, 1.0, 0, False) for i in ids]
+            replies = [self.replies.get(i) or Reply.greedy() for i in ids]
         rows = _arg_rows(replies)
         for reply in replies:
             reply.drawn += 1
-        self._sample = any(r.sampled for r in replies)
-        self._truncate = any(r.sampled and (r.top_k > 0 or r.top_p < 1.0) for r in replies)
+        self._any_sampled = any(r.sampled for r in replies)
+        self._any_truncated = any(r.sampled and (r.top_k > 0 or r.top_p < 1.0) for r in replies)
         arg_storage[:, : len(ids)] = rows.to(arg_storage.device)
         return arg_storage
 
@@ -120,11 +125,11 @@ class TurnSampling(ContinuousBatchingLogitsProcessorList):
         args = args[:, :n]
         temperature = args[0].view(torch.float32)
         sampled = temperature > 0
-        scaled = scores / torch.where(sampled, temperature, 1.0).unsqueeze(-1) if self.graphs or self._sample else scores
+        scaled = scores / torch.where(sampled, temperature, 1.0).unsqueeze(-1) if self.graphs or self._any_sampled else scores
         logprobs = torch.log_softmax(scaled, dim=-1)
         tokens = scaled.argmax(dim=-1)
-        if self.graphs or self._sample:
-            if self.graphs or self._truncate:
+        if self.graphs or self._any_sampled:
+            if self.graphs or self._any_truncated:
                 ordered, order = scaled.sort(dim=-1, descending=True)
                 weights = truncated_probs(ordered, torch.where(sampled, args[1], 0), args[2].view(torch.float32))
             else:
@@ -245,23 +250,21 @@ def varlen_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             mask = torch.arange(k, device=query.device).unsqueeze(0) <= rows
         outputs.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, scale=scaling, enable_gqa=True))
-    out = torch.cat(outputs, dim=2)
-    if out.shape[2] < query.shape[2]:  # padding rows past the last request
-        out = torch.nn.functional.pad(out, (0, 0, 0, query.shape[2] - out.shape[2]))
-    return out.transpose(1, 2).contiguous(), None
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None  # (on a CPU the engine pads no rows)
 
 
 AttentionInterface.register(CPU_ATTENTION, varlen_sdpa)
+AttentionMaskInterface.register(CPU_ATTENTION, sdpa_mask)
+CPU_ATTENTION_VERIFIED = ("5.24",)
+"""The transformers releases whose engine gives `varlen_sdpa` every key it attends to. 5.19 (vLLM's CPU build's)
+reads cached prefix blocks only for attentions that take a mask (its key states hold the new tokens alone): with
+another release the engine keeps SDPA (slower, never wrong)."""
 
 
 def _cpu_attention_verified() -> bool:
-    """Whether this transformers gives `varlen_sdpa` every key it attends to. Verified with 5.24; 5.19 (vLLM's CPU
-    build's) reads cached prefix blocks only for attentions that take a mask (its key states hold the new tokens
-    alone), so there the engine keeps SDPA."""
     import transformers
 
-    return tuple(int(p) for p in transformers.__version__.split(".")[:2]) >= (5, 24)
-AttentionMaskInterface.register(CPU_ATTENTION, sdpa_mask)
+    return ".".join(transformers.__version__.split(".")[:2]) in CPU_ATTENTION_VERIFIED
 
 
 @dataclass

@@ -8,8 +8,9 @@ Qwen3 / Hermes `<tool_call>` blocks parsed into `tool_calls` (finish_reason "too
 `temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `stop`, `seed`, `logprobs`, and vLLM's
 extensions `top_k`, `return_token_ids` (the reply's `token_ids` and the `prompt_token_ids`) and
 `include_stop_str_in_output`; `usage` counts the prompt once and every choice's tokens. `stream: true` answers
-with OpenAI's `chat.completion.chunk` server-sent events (and `stream_options.include_usage`'s usage chunk); the
-reply is generated whole and then sent in per-token chunks (policies/serve_stream.py). Errors are OpenAI-shaped
+with OpenAI's `chat.completion.chunk` server-sent events (and `stream_options.include_usage`'s usage chunk); its
+text goes out token by token as the engine writes it, holding back what a later token or a stop string may still
+change (policies/serve_stream.py). Errors are OpenAI-shaped
 JSON bodies (`{"error": {"message", "type", "param", "code"}}`) with 400, 404, 405 or 500 (in a stream that has
 started: an `error` event); `param` names the field at fault, or is null.
 
@@ -448,7 +449,6 @@ async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: 
     for index in range(request.n):
         yield sse((first if index == 0 else head) | {"choices": [role_chunk(index)]})
     decode = served.tokenizer.decode
-    sent = [0] * request.n
     early = [EarlyPieces(decode, served.hf.stop_ids, job.params.stop) for _ in range(request.n)]
     entries: list[list[dict]] = [[] for _ in range(request.n)]  # each choice's logprob entries so far
     while not answer.done():
@@ -465,7 +465,6 @@ async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: 
         for piece in early[index].update(ids):
             chunk = piece_chunk(index, piece, gen, entries[index] if request.logprobs else None, request.return_token_ids)
             yield sse(head | {"choices": [chunk]})
-            sent[index] += 1
     try:
         choices = await asyncio.shield(answer)
     except Exception as e:  # after the 200 header: the error goes in the stream, where OpenAI's clients raise it
@@ -474,7 +473,7 @@ async def _stream(served: ServedModel, request: ChatRequest, job: _Job, answer: 
         return
     for c in choices:
         logprobs = _logprobs(served, c.gen) if request.logprobs else None
-        for chunk in choice_chunks(c, decode, logprobs, request.return_token_ids, sent[c.index]):
+        for chunk in choice_chunks(c, decode, logprobs, request.return_token_ids, early[c.index].handed):
             yield sse(head | {"choices": [chunk]})
     if usage:
         yield sse(head | {"choices": [], "usage": _usage(job, choices)})

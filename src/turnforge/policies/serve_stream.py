@@ -92,6 +92,8 @@ class EarlyPieces:
         self.decode, self.stop_ids, self.stop = decode, stop_ids, stop
         self.shown = self.start = self.window = 0
         self.stopped = False
+        self.handed = 0
+        """Pieces handed out so far."""
 
     def update(self, ids: list[int]) -> list[Piece]:
         """The new pieces of the reply whose tokens so far are `ids`."""
@@ -105,6 +107,7 @@ class EarlyPieces:
         pieces = text_pieces(self.decode, ids, text[: len(text) - held], self.shown, self.start, self.window)[:-1]
         for piece in pieces:
             self.shown, self.window, self.start = self.shown + len(piece.text), piece.start, piece.end
+        self.handed += len(pieces)
         return pieces
 
 
