@@ -312,15 +312,16 @@ def test_turn_sampling_is_one_graph_with_no_host_sync():
 
 
 def test_the_engine_internals_turnforge_touches_are_there_or_it_says_so():
-    """`_install_sampling` is the one place that reaches into transformers' manager: the installed release is one
-    it was verified with, and a manager without the list it replaces is refused by name."""
+    """`_install` is the one place that reaches into transformers' manager: the installed release is one it was
+    verified with, and a manager without the list it replaces, or a cache without the read-back it replaces, is
+    refused by name."""
     import transformers
 
-    from turnforge.policies.engine import VERIFIED_TRANSFORMERS, _install_sampling
+    from turnforge.policies.engine import VERIFIED_TRANSFORMERS, ReusedReads, _install
 
     assert ".".join(transformers.__version__.split(".")[:2]) in VERIFIED_TRANSFORMERS
     with pytest.raises(RuntimeError, match="no longer has a `logit_processor` list.*verified with transformers"):
-        _install_sampling(object(), None)
+        _install(object(), None, reuse_reads=True)
     from types import SimpleNamespace
 
     from transformers.generation.continuous_batching.cb_logits_processors import (
@@ -332,9 +333,43 @@ def test_the_engine_internals_turnforge_touches_are_there_or_it_says_so():
 
     manager = SimpleNamespace(logit_processor=ContinuousBatchingLogitsProcessorList(LogitsProcessorList()),
                               _create_batch_processor=lambda: SimpleNamespace(model_runner=object()))
-    _install_sampling(manager, TurnSampling(graphs=False))
+    _install(manager, TurnSampling(graphs=False), reuse_reads=True)
     with pytest.raises(RuntimeError, match="model runner no longer has `_sample`.*verified with transformers"):
         manager._create_batch_processor()
+    with pytest.raises(RuntimeError, match="no longer has `cache_allocators`.*verified with transformers"):
+        ReusedReads().install(SimpleNamespace())
+
+
+def test_the_reused_read_back_is_transformers_update_into_kept_buffers():
+    """`ReusedReads.update` writes and reads the cache as transformers' `FullAttentionCacheAllocator.update` does
+    (same cache after, same keys and values out), into the same two buffers from one call to the next; a longer
+    read grows them; a step with nothing to read returns the new states."""
+    from types import SimpleNamespace
+
+    from transformers.generation.continuous_batching.cache_allocators.full_attention import (
+        FullAttentionCacheAllocator,
+    )
+
+    from turnforge.policies.engine import ReusedReads
+
+    torch.manual_seed(0)
+
+    def allocator():
+        return SimpleNamespace(_kv_token_views={0: (torch.zeros(64, 2, 8), torch.zeros(64, 2, 8))})
+
+    theirs, ours, reads = allocator(), allocator(), ReusedReads()
+    pointers = []
+    for write, read in ((torch.arange(5), torch.arange(5)), (torch.tensor([9, 10]), torch.tensor([0, 3, 9, 10])),
+                        (torch.tensor([20]), torch.cat([torch.arange(5), torch.tensor([9, 10, 20])]))):
+        keys, values = torch.randn(len(write), 2, 8), torch.randn(len(write), 2, 8)
+        expected = FullAttentionCacheAllocator.update(theirs, keys, values, 0, read, write)
+        got = reads.update(ours, keys, values, 0, read, write)
+        assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(theirs._kv_token_views[0], ours._kv_token_views[0], strict=True))
+        pointers.append(got[0].data_ptr())
+    assert pointers[0] == pointers[1] != pointers[2]  # kept; then grown for a read of 8 rows (> 5)
+    new = (torch.randn(1, 2, 8), torch.randn(1, 2, 8))
+    assert reads.update(ours, *new, 0, torch.tensor([], dtype=torch.long), torch.tensor([30]))[0] is new[0]
 
 
 def test_a_prompt_past_the_models_context_ends_its_episode_with_serves_refusal(tiny_model_dir, tasks):

@@ -10,8 +10,9 @@ What stays hand-written, and why (one thing): `TurnSampling`, the engine's sampl
 every row from one global generator and reports log-probabilities after top-k/top-p; turnforge's contract is
 per-reply seeded draws (the same episodes at any concurrency) and log_softmax(logits / T) before truncation (what
 TRL recomputes). It replaces the engine's processor list (the per-request arguments ride in the engine's static
-input rows) and its output step, both in `_install_sampling` — the one place that touches the engine's internals
-(pinned: transformers 5.19-5.24; tests/test_hf_policy.py fails by name when they move).
+input rows) and its output step, both in `_install` — the one place that touches the engine's internals (pinned:
+transformers 5.19-5.24; tests/test_hf_policy.py fails by name when they move). On a CPU `_install` also makes the
+cache read its keys and values back into buffers it reuses (`ReusedReads`).
 
 The sampler is tensor work only (counter-based Gumbel noise, no per-reply generator, nothing read back to the host
 inside the step), so on a GPU the engine captures its steps in CUDA graphs; on a CPU the same code runs eagerly.
@@ -21,6 +22,8 @@ Batching is synchronous: each step's arguments are prepared after the previous s
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import struct
 import threading
@@ -39,7 +42,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-# The transformers releases whose engine internals `_install_sampling` was verified against.
+# The transformers releases whose engine internals `_install` was verified against.
 VERIFIED_TRANSFORMERS = ("5.19", "5.20", "5.21", "5.22", "5.23", "5.24")
 
 # Tokens per KV page: the unit of prefix sharing (a turn reuses whole pages only; transformers' default is 256).
@@ -300,7 +303,7 @@ class TurnEngine:
             max_batch_tokens=CPU_STEP_TOKENS if on_cpu else None,
         )
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
-        _install_sampling(self.manager, self.sampling)
+        _install(self.manager, self.sampling, reuse_reads=on_cpu)
         self.stop_ids = list(stop_ids)
         self._ids = itertools.count()
         self._open: dict[str, tuple[Future, Callable | None]] = {}
@@ -469,13 +472,14 @@ def cpu_cache_tokens(max_requests: int, max_context: int | None) -> int:
     return -(-tokens // PAGE_SIZE) * PAGE_SIZE
 
 
-def _install_sampling(manager, sampling: TurnSampling) -> None:
-    """Make `sampling` the engine's logits processing and its output step (before its loop starts).
+def _install(manager, sampling: TurnSampling, reuse_reads: bool) -> None:
+    """Make `sampling` the engine's logits processing and its output step, and with `reuse_reads` its cache's full-
+    attention read-back `ReusedReads` (before the engine's loop starts).
 
     transformers builds its processor list from a GenerationConfig and has no argument for a custom one, so the
     manager's list is replaced; and its model runner's `_sample` (softmax, argmax or `multinomial` from the global
     generator, log-probabilities after truncation) is replaced on the runner the loop thread creates, by
-    `sampling.write_outputs`."""
+    `sampling.write_outputs`; that runner's cache is made then too."""
     if not isinstance(getattr(manager, "logit_processor", None), ContinuousBatchingLogitsProcessorList) or not callable(
             getattr(manager, "_create_batch_processor", None)):
         raise RuntimeError(
@@ -495,6 +499,60 @@ def _install_sampling(manager, sampling: TurnSampling) -> None:
                 f"verified with transformers {', '.join(VERIFIED_TRANSFORMERS)} (src/turnforge/policies/engine.py)"
             )
         runner._sample = sampling.write_outputs
+        if reuse_reads:
+            ReusedReads().install(getattr(processor, "cache", None))
         return processor
 
     manager._create_batch_processor = create_with_sampling
+
+
+class ReusedReads:
+    """The engine's full-attention cache update, reading back into two buffers reused by every layer and step.
+
+    Each layer of each step, transformers' cache writes the step's new keys and values, then reads every open
+    request's keys and values back (`index_select`) into new tensors for the attention. On a CPU a tensor that big
+    (200 open requests of 500 tokens: ~50 MB per layer) is fresh memory from the OS each time: the quickstart's
+    200-episode evaluations spent most of that read-back faulting pages in and out (a read into a kept buffer: 2.9 ms
+    against 14.3 ms for the same rows; the untrained model's evaluation 28.7 s -> 19.3 s, BENCHMARKS.md). Layers run
+    one after another, and a layer's attention is done with its keys before the next layer's update, so two
+    buffers (keys, values) serve them all; they grow by half when a read is longer."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor | None] = [None, None]
+
+    def install(self, cache) -> None:
+        from transformers.generation.continuous_batching.cache_allocators.full_attention import (
+            FullAttentionCacheAllocator,
+        )
+
+        allocators = getattr(cache, "cache_allocators", None)
+        full = [a for a in (allocators or {}).values() if isinstance(a, FullAttentionCacheAllocator)]
+        if not isinstance(allocators, dict) or any(
+                not isinstance(getattr(a, "_kv_token_views", None), dict) for a in full) or list(
+                inspect.signature(FullAttentionCacheAllocator.update).parameters) != [
+                "self", "key_states", "value_states", "layer_idx", "read_index", "write_index"]:
+            raise RuntimeError(
+                "transformers' paged cache no longer has `cache_allocators` whose full-attention `update(key_states, "
+                "value_states, layer_idx, read_index, write_index)` reads `_kv_token_views`; turnforge's read-back "
+                f"was verified with transformers {', '.join(VERIFIED_TRANSFORMERS)} (src/turnforge/policies/engine.py)"
+            )
+        for allocator in full:
+            allocator.update = functools.partial(self.update, allocator)
+
+    def update(self, allocator, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               read_index: torch.Tensor, write_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' `FullAttentionCacheAllocator.update`, its read into `self.buffers`."""
+        caches = allocator._kv_token_views[layer_idx]
+        for cache, states in zip(caches, (key_states, value_states), strict=True):
+            cache.index_copy_(0, write_index, states)
+        if read_index.numel() == 0:  # nothing cached to read: the new states are all the attention needs
+            return key_states, value_states
+        n = read_index.numel()
+        reads = []
+        for slot, cache in enumerate(caches):
+            buffer = self.buffers[slot]
+            if buffer is None or buffer.size(0) < n or buffer.shape[1:] != cache.shape[1:] or buffer.dtype != cache.dtype:
+                grown = max(n, buffer.size(0) * 3 // 2) if buffer is not None else n
+                buffer = self.buffers[slot] = cache.new_empty((grown, *cache.shape[1:]))
+            reads.append(torch.index_select(cache, 0, read_index, out=buffer[:n]))
+        return reads[0], reads[1]
