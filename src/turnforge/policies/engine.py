@@ -14,8 +14,9 @@ input rows) and its output step, both in `_install` — the one place that touch
 transformers 5.19-5.24; tests/test_hf_policy.py fails by name when they move). On a CPU `_install` also makes the
 cache read its keys and values back into buffers it reuses (`ReusedReads`).
 
-The sampler is tensor work only (counter-based Gumbel noise, no per-reply generator, nothing read back to the host
-inside the step), so on a GPU the engine captures its steps in CUDA graphs; on a CPU the same code runs eagerly.
+The sampler is tensor work only (a counter-based inverse-CDF draw, no per-reply generator, nothing read back to the
+host inside the step), so on a GPU the engine captures its steps in CUDA graphs; on a CPU the same code runs
+eagerly.
 Batching is synchronous: each step's arguments are prepared after the previous step's tokens are known
 (docs/decisions.md, "The hf policy on transformers' continuous-batching engine").
 """
@@ -513,7 +514,7 @@ class ReusedReads:
     request's keys and values back (`index_select`) into new tensors for the attention. On a CPU a tensor that big
     (200 open requests of 500 tokens: ~50 MB per layer) is fresh memory from the OS each time: the quickstart's
     200-episode evaluations spent most of that read-back faulting pages in and out (a read into a kept buffer: 2.9 ms
-    against 14.3 ms for the same rows; the untrained model's evaluation 28.7 s -> 19.3 s, BENCHMARKS.md). Layers run
+    against 14.3 ms for the same rows; the untrained model's evaluation 28.7 s -> 17.9 s, BENCHMARKS.md). Layers run
     one after another, and a layer's attention is done with its keys before the next layer's update, so two
     buffers (keys, values) serve them all; they grow by half when a read is longer."""
 
