@@ -458,6 +458,34 @@ def test_the_engine_is_made_once_when_threads_ask_for_it_at_once(tiny_model_dir)
         policy.close()
 
 
+def test_setting_a_policy_up_releases_the_threads_idle_openmp_workers(policy):
+    """The thread that sets a policy up (it trained, it loaded a model) then waits while the engine's thread computes:
+    its idle OpenMP workers go, or GNU OpenMP has every team sleep between regions (`release_idle_openmp`)."""
+    import os
+    import threading
+
+    if torch.get_num_threads() < 2 or not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs two intra-op threads and Linux's /proc")
+    threads = lambda: set(os.listdir("/proc/self/task"))  # noqa: E731
+    seen: dict[str, set[str]] = {}
+
+    def trained_then_sets_up():
+        before = threads()
+        torch.ones(4_000_000).exp().sum()  # a parallel region: this thread gets OpenMP workers, kept after
+        seen["workers"] = threads() - before
+        HFPolicy.from_model(policy.model, policy.tokenizer, batch_size=2).close()
+        deadline = time.monotonic() + 10
+        while seen["workers"] & threads() and time.monotonic() < deadline:  # a released worker exits on its own
+            time.sleep(0.05)
+        seen["left"] = seen["workers"] & threads()
+
+    worker = threading.Thread(target=trained_then_sets_up)
+    worker.start()
+    worker.join()
+    assert seen["workers"], "the parallel region made no OpenMP worker"
+    assert not seen["left"]
+
+
 def test_the_cpu_attention_attends_each_request_to_its_own_keys():
     """`varlen_sdpa` on three packed requests (a decoding one, a prefill chunk after cached keys, a whole prompt),
     grouped key/value heads: each query row equals causal attention (bottom-right aligned) over its request's keys

@@ -23,6 +23,7 @@ Batching is synchronous: each step's arguments are prepared after the previous s
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import inspect
 import itertools
@@ -460,6 +461,28 @@ def stop_engines() -> None:
     exception")."""
     for engine in list(_RUNNING):
         engine.stop(hard=True)
+
+
+OMP_PAUSE_SOFT = 1  # omp_pause_resource_t's omp_pause_soft (OpenMP 5.0, omp.h)
+
+
+def release_idle_openmp() -> None:
+    """Release the calling thread's OpenMP workers (a CPU's intra-op threads; its next parallel region makes new
+    ones): OpenMP 5's `omp_pause_resource_all(omp_pause_soft)`, from the runtime torch loaded.
+
+    The engine runs the model on its loop's thread, whose parallel regions get OpenMP workers of their own. A thread
+    that trained or loaded a model keeps its workers after, idle. With GNU OpenMP (torch's on Linux), once the process
+    holds more of them than there are cores, every worker stops spinning for its next region and sleeps on a futex:
+    each of the engine's many small operations then waits for a wake-up. On the 2-core CPU that was GRPO's rollouts
+    after the first training step, 40 % slower per token (both cores 92 % busy in the first rollout, 58 % after); the
+    thread that sets a policy up is the one that trained and then waits on the engine (BENCHMARKS.md). Where torch
+    has no OpenMP runtime there are no workers to release."""
+    try:
+        pause = ctypes.CDLL(None).omp_pause_resource_all
+    except AttributeError:
+        return
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    pause(OMP_PAUSE_SOFT)
 
 
 def cpu_cache_tokens(max_requests: int, max_context: int | None) -> int:

@@ -41,7 +41,7 @@ from turnforge.policies.base import (
     prompt_ids,
     refuse_overlong,
 )
-from turnforge.policies.engine import Reply, TurnEngine
+from turnforge.policies.engine import Reply, TurnEngine, release_idle_openmp
 
 
 class HFPolicy:
@@ -97,6 +97,8 @@ class HFPolicy:
         self.max_context = model_context(self.model.config)
         self._engine: TurnEngine | None = None
         self._engine_lock = threading.Lock()
+        if self.device.type == "cpu":  # the engine's thread computes from here on (`release_idle_openmp`)
+            release_idle_openmp()
 
     @property
     def device(self) -> torch.device:
