@@ -18,10 +18,10 @@ Read top to bottom, one call of `run_grpo` does:
      zero-variance groups, replaced groups); the result holds the drawn reward's first- and last-quarter means.
 
 How it departs from plain TRL:
-  - Generation is turnforge's (HF `generate` through `HFPolicy.from_model`, or with `use_vllm` the vLLM
-    engine TRL built and keeps in sync, through `VLLMPolicy` / `TRLServerPolicy`), not TRL's single-turn
-    generate: an episode is many assistant turns with env observations between them. The token sequence
-    is never re-tokenized, so the ids TRL scores are exactly the ids the model sampled.
+  - Generation is turnforge's (transformers' continuous-batching engine through `HFPolicy.from_model`, or
+    with `use_vllm` the vLLM engine TRL built and keeps in sync, through `VLLMPolicy` / `TRLServerPolicy`),
+    not TRL's single-turn generate: an episode is many assistant turns with env observations between them.
+    The token sequence is never re-tokenized, so the ids TRL scores are exactly the ids the model sampled.
   - The observation after the LAST turn is not part of the completion: the model never saw it, and TRL
     reads "last token is not EOS" as truncated (`mask_truncated_completions`).
   - Dynamic sampling (DAPO): with `dynamic_sampling = true`, a group whose rewards are all equal (no
