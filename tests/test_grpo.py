@@ -239,9 +239,10 @@ def test_rollouts_log_the_drawn_groups_apart_from_the_trained_batch(tmp_path):
     solved, mixed, spare = tasks
     settings = GRPOSettings(tasks_per_step=2, num_generations=2, dynamic_sampling=True, resample_rounds=1)
     policy = FailsOddSamples({mixed.id, spare.id})
+    made = []  # one policy plays the drawn groups and their replacements: the weights are the step's throughout
     rollouts = EpisodeRollouts("household", options, tasks, SimpleNamespace(pad_token_id=0), settings,
                                tmp_path / "rollouts.jsonl",
-                               policy_factory=lambda *a: policy)
+                               policy_factory=lambda *a: made.append(policy) or policy)
     # use_vllm: the rollout asks the policy, not the trainer's model; one process logs.
     trainer = SimpleNamespace(use_vllm=True, accelerator=SimpleNamespace(num_processes=1, is_main_process=True))
     prompts = [[{"role": "user", "content": "", "task_id": t.id}] for t in (solved, solved, mixed, mixed)]
@@ -249,8 +250,9 @@ def test_rollouts_log_the_drawn_groups_apart_from_the_trained_batch(tmp_path):
     assert len(out["completion_ids"]) == 4
     (line,) = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert line["replaced_groups"] == 1  # the solved task's group, for the spare task's
+    assert len(made) == 1 and rollouts.calls == 2  # two batches (drawn, replacement), one policy
     assert line["drawn_success"] == 0.75 and line["success"] == 0.5  # drawn: 2 + 1 of 4 succeed; trained: 1 + 1
-    replayed = rollouts._episodes(None, [Group(solved, 2), Group(mixed, 2)])  # the scripted policy plays them alike again
+    replayed = rollouts._episodes(policy, [Group(solved, 2), Group(mixed, 2)])  # the scripted policy plays them alike again
     rewards = [rollouts._total(traj) for group in replayed for traj in group.episodes]
     assert line["drawn_reward"] == pytest.approx(sum(rewards) / 4)
     assert line["reward"] < line["drawn_reward"]

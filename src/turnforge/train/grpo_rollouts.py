@@ -135,8 +135,7 @@ class EpisodeRollouts:
         slots = [self.tasks[p[-1]["task_id"]] for p in prompts]
         self.trainer = trainer
         if trainer.use_vllm:  # vLLM generates; the trained model is not needed here
-            played = self._play(None, slots)
-            groups, replaced, left = self._resample(None, played)
+            groups, played, replaced, left = self._rollout(None, slots)
         else:
             # As TRL's own generation: the bare model, ZeRO-3's sharded parameters gathered while it generates.
             args = trainer.args
@@ -147,8 +146,7 @@ class EpisodeRollouts:
                 was_training = model.training
                 model.eval()
                 try:
-                    played = self._play(model, slots)
-                    groups, replaced, left = self._resample(model, played)
+                    groups, played, replaced, left = self._rollout(model, slots)
                 finally:
                     model.train(was_training)
         episodes = [traj for g in groups for traj in g.episodes]
@@ -159,7 +157,21 @@ class EpisodeRollouts:
         self._log(episodes, drawn, groups, replaced, left, time.perf_counter() - started)
         return out
 
-    def _play(self, model, slots: list[Task]) -> list[Group]:
+    def _rollout(self, model, slots: list[Task]) -> tuple[list[Group], list[Group], int, int]:
+        """The slots' groups played, then dynamic sampling's replacements (`_resample`), all with one policy: the
+        weights are this step's throughout (an hf engine made per batch cost ~0.7 s to stop, most of it transformers'
+        `gc.collect`, and dynamic sampling doubled the batches). Returns (groups, played, replaced, left)."""
+        policy = self.policy_factory(self.trainer, model, self.tokenizer, self.settings)
+        try:
+            played = self._play(policy, slots)
+            groups, replaced, left = self._resample(policy, played)
+            return groups, played, replaced, left
+        finally:  # the hf engine's KV blocks hold this step's weights: the next step starts a fresh one
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
+
+    def _play(self, policy: Policy, slots: list[Task]) -> list[Group]:
         """The groups of the slots (a run of the same task is one group), played, in slot order."""
         groups: list[Group] = []
         for task in slots:
@@ -167,12 +179,11 @@ class EpisodeRollouts:
                 groups[-1].size += 1
             else:
                 groups.append(Group(task, 1))
-        return self._episodes(model, groups)
+        return self._episodes(policy, groups)
 
-    def _episodes(self, model, groups: list[Group]) -> list[Group]:
+    def _episodes(self, policy: Policy, groups: list[Group]) -> list[Group]:
         """`groups` with their episodes played, in one batch of the rollout engine."""
         s = self.settings
-        policy = self.policy_factory(self.trainer, model, self.tokenizer, s)
         self.calls += 1
         params = s.sampling().replace(seed=s.seed + 7919 * self.calls)
         limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
@@ -182,15 +193,10 @@ class EpisodeRollouts:
         keyed = [Task(f"{g.task.id}#{k}", g.task.env, g.task.split, g.task.category, g.task.data)
                  for k, g in enumerate(groups)]
         skip = frozenset((kt.id, i) for kt, g in zip(keyed, groups, strict=True) for i in range(g.size, width))
-        try:
-            trajs = run_episodes(
-                policy, self._make_env, keyed, width, limits, params, skip=skip,
-                renderer=policy.renderer, roles=self._roles(params),
-            )
-        finally:  # the hf engine's KV blocks hold this step's weights: the next step starts a fresh one
-            close = getattr(policy, "close", None)
-            if close is not None:
-                close()
+        trajs = run_episodes(
+            policy, self._make_env, keyed, width, limits, params, skip=skip,
+            renderer=policy.renderer, roles=self._roles(params),
+        )
         by_key: dict[str, list[Trajectory]] = {}
         for traj in trajs:
             by_key.setdefault(traj.task_id, []).append(traj)
@@ -210,7 +216,7 @@ class EpisodeRollouts:
             self.role_policies = env_roles(self.env_name, self.env_options, params, self.settings.seed, "hf")
         return {name: Role(r.policy, r.params.replace(seed=params.seed)) for name, r in self.role_policies.items()}
 
-    def _resample(self, model, played: list[Group]) -> tuple[list[Group], int, int]:
+    def _resample(self, policy: Policy, played: list[Group]) -> tuple[list[Group], int, int]:
         """DAPO dynamic sampling: the groups `played`, with zero-variance full groups swapped for fresh tasks' groups
         (a new list; `played` stays as drawn), how many were replaced, and how many flat groups are left."""
         s = self.settings
@@ -224,7 +230,7 @@ class EpisodeRollouts:
                 break
             used = {g.task.id for g in groups}
             pool = [t for t in self.tasks.values() if t.id not in used] or list(self.tasks.values())
-            fresh = self._episodes(model, [Group(self.rng.choice(pool), s.num_generations) for _ in flat])
+            fresh = self._episodes(policy, [Group(self.rng.choice(pool), s.num_generations) for _ in flat])
             for i, group in zip(flat, fresh, strict=True):
                 groups[i] = group
                 replaced += 1
