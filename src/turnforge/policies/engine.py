@@ -472,10 +472,10 @@ def release_idle_openmp() -> None:
 
     The engine runs the model on its loop's thread, whose parallel regions get OpenMP workers of their own. A thread
     that trained or loaded a model keeps its workers after, idle. With GNU OpenMP (torch's on Linux), once the process
-    holds more of them than there are cores, every worker stops spinning for its next region and sleeps on a futex:
-    each of the engine's many small operations then waits for a wake-up: on the 2-core CPU, GRPO's second rollout took
-    18.5 s with them kept and 13.0 s released (the cores 58 % busy against 92 %), an evaluation after training 1.32x
-    as long (BENCHMARKS.md). The thread that sets a policy up is the one that trained and then waits on the engine.
+    holds more of them than there are cores, every worker stops spinning for its next region and sleeps on a futex,
+    and each of the engine's many small operations then waits for a wake-up. On the 2-core CPU, GRPO's second rollout
+    took 18.5 s with them kept and 13.0 s released (the cores 58 % busy against 92 %), and an evaluation after
+    training 1.32x as long (BENCHMARKS.md). The thread that sets a policy up is the one that trained and then waits on the engine.
     Where torch has no OpenMP runtime there are no workers to release."""
     try:
         pause = ctypes.CDLL(None).omp_pause_resource_all
