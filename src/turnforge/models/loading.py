@@ -101,6 +101,8 @@ def load_model(
             check_model_folder(folder)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # after the check: a typo is refused at once
 
+    from turnforge.machine import watch_cpu_threads
+
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     tokenizer_from = adapter if adapter is not None and _has_tokenizer(Path(adapter)) else base
@@ -113,6 +115,8 @@ def load_model(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model.to(device)
+    if device == "cpu":  # its threads: the cores other processes leave free, re-measured (machine.CpuThreads)
+        watch_cpu_threads(model)
     if adapter is not None:
         from peft import PeftModel
 
