@@ -544,3 +544,27 @@ def test_after_the_engines_loop_dies_a_request_fails_at_once(tiny_model_dir, tas
     finally:
         handle.remove()
         policy.close()
+
+
+def test_the_cpu_engines_footprint_counts_an_attention_mask_only_where_transformers_makes_one(tiny_model_dir, monkeypatch):
+    """With the CPU attention transformers allocates no mask (`attn_mask_is_needed`), so its footprint counts none;
+    with SDPA it counts the mask it makes. Without the attribute replaced, the engine is refused by name."""
+    from transformers import AutoConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import cache
+
+    from turnforge.policies import engine
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+
+    def mask_bytes(attention: str) -> int:
+        config._attn_implementation = attention
+        handler = cache.PagedAttentionMemoryHandler(config, ContinuousBatchingConfig(max_memory_percent=0.8), torch.float32, 4096, 32, 1024,
+                                                    ["full_attention"])
+        return handler.attention_mask_bytes(1024, 100)
+
+    assert mask_bytes(engine.CPU_ATTENTION) == 0
+    assert mask_bytes("sdpa") == 1024 * (100 * 32 + 1024) * 4
+    monkeypatch.delattr(cache.PagedAttentionMemoryHandler, "attention_mask_bytes")
+    with pytest.raises(RuntimeError, match="attention_mask_bytes.*verified with transformers"):
+        engine._count_masks_as_allocated()

@@ -272,6 +272,35 @@ def _cpu_attention_verified() -> bool:
     return ".".join(transformers.__version__.split(".")[:2]) in CPU_ATTENTION_VERIFIED
 
 
+def _count_masks_as_allocated() -> None:
+    """transformers' cache counts an attention mask of (tokens a step) x (cache tokens) in its memory footprint for
+    every attention but flash, and allocates one only for eager and SDPA (`attn_mask_is_needed`). With
+    `CPU_ATTENTION` the mask is counted, never made: 1.7 GB of the 4.4 GB an engine of 200 open requests was said
+    to need on the tiny model, and where transformers reads a smaller total (a VM whose NUMA node holds half its
+    RAM) the engine refused to start ("Memory footprint ... is more than available memory"). Here the footprint
+    counts it as transformers allocates it, on the releases `CPU_ATTENTION` runs on."""
+    from transformers.generation.continuous_batching import cache, utils
+
+    handler = getattr(cache, "PagedAttentionMemoryHandler", None)
+    counted = getattr(handler, "attention_mask_bytes", None)
+    if counted is None or not callable(getattr(utils, "attn_mask_is_needed", None)):
+        raise RuntimeError("transformers' PagedAttentionMemoryHandler.attention_mask_bytes or attn_mask_is_needed is "
+                           f"gone; turnforge's CPU attention was verified with transformers "
+                           f"{', '.join(CPU_ATTENTION_VERIFIED)} (src/turnforge/policies/engine.py)")
+    if getattr(counted, "_turnforge", False):
+        return
+
+    def attention_mask_bytes(self, max_batch_tokens: int, num_sectors: int) -> int:
+        return counted(self, max_batch_tokens, num_sectors) if utils.attn_mask_is_needed(self.config) else 0
+
+    attention_mask_bytes._turnforge = True
+    handler.attention_mask_bytes = attention_mask_bytes
+
+
+if _cpu_attention_verified():
+    _count_masks_as_allocated()
+
+
 @dataclass
 class Finished:
     """A request's outcome: the generated ids (the end-of-turn id kept) and their log-probabilities."""
