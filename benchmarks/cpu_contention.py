@@ -7,7 +7,8 @@ beside one `yes > /dev/null`, under each thread setting (`--settings`), alternat
 
 - `torch`: torch's own default, one OpenMP thread per core (`OMP_NUM_THREADS` = the cores; what turnforge did);
 - `turnforge`: turnforge's default (`turnforge.machine.cpu_threads`: the cores other processes leave free);
-- `1`: one thread (`OMP_NUM_THREADS=1`).
+- `1`: one thread (`OMP_NUM_THREADS=1`);
+- `torch, passive`: torch's count with OpenMP's waiting threads asleep at once (`OMP_WAIT_POLICY=PASSIVE`).
 
     .venv/bin/python benchmarks/cpu_contention.py --rounds 2
 """
@@ -28,7 +29,8 @@ from turnforge.tiny_model import build_tiny_model
 
 TURNFORGE = str(Path(sys.executable).with_name("turnforge"))
 CORES = len(os.sched_getaffinity(0))
-SETTINGS = {"torch": {"OMP_NUM_THREADS": str(CORES)}, "turnforge": {}, "1": {"OMP_NUM_THREADS": "1"}}
+SETTINGS = {"torch": {"OMP_NUM_THREADS": str(CORES)}, "turnforge": {}, "1": {"OMP_NUM_THREADS": "1"},
+            "torch, passive": {"OMP_NUM_THREADS": str(CORES), "OMP_WAIT_POLICY": "PASSIVE"}}
 
 SFT_RECIPE = """
 name = "cpu_contention_sft"
@@ -66,7 +68,7 @@ trl = {{ bf16 = true }}
 
 
 def environment(setting: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     return env | SETTINGS[setting]
 
 

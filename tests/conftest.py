@@ -7,6 +7,16 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def one_cpu_thread_count_per_test():
+    """The OpenMP thread count follows the cores other processes leave free (`turnforge.machine.CpuThreads`); a test
+    compares computations for exact equality, which another count may round differently, so it holds one count."""
+    from turnforge.machine import held_cpu_threads
+
+    with held_cpu_threads():
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen3 (random weights, household tokenizer, Qwen3-4B-Instruct-2507 chat template); do not modify."""

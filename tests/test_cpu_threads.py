@@ -96,3 +96,18 @@ def test_a_busy_process_on_one_of_this_process_cpus_is_measured():
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_a_held_count_is_not_measured_again(two_cpus, monkeypatch):
+    threads, counters = two_cpus
+    monkeypatch.setattr(machine, "_CPU_THREADS", threads)
+    monkeypatch.setattr(machine, "RECHECK_S", 0.0)
+    threads.measure()
+    counters.update(busy=150, total=200, own=50)
+    with machine.held_cpu_threads():  # measured on entry: others took a core
+        assert threads.threads == 1
+        counters.update(busy=350, total=400, own=250)
+        threads.keep()
+        assert threads.threads == 1
+    threads.keep()
+    assert threads.threads == 2

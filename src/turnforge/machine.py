@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -85,6 +87,7 @@ class CpuThreads:
         self.sample: tuple[float, int, int, int] | None = None  # (when, busy, total, own) at the last measurement
         self.threads = len(self.cpus)
         self.applied = threading.local()
+        self.held = 0  # > 0: the count is not re-measured (`held_cpu_threads`)
 
     def measure(self) -> int:
         """The free cores since the last measurement (the first one waits `FIRST_WINDOW_S`)."""
@@ -101,7 +104,7 @@ class CpuThreads:
 
     def keep(self) -> None:
         with self.lock:
-            if self.sample is None or time.monotonic() - self.sample[0] >= RECHECK_S:
+            if self.sample is None or (not self.held and time.monotonic() - self.sample[0] >= RECHECK_S):
                 self.measure()
             threads = self.threads
         if getattr(self.applied, "threads", None) != threads:
@@ -123,3 +126,21 @@ def watch_cpu_threads(model: torch.nn.Module) -> None:
     if not getattr(model, "_turnforge_cpu_threads", False):
         model.register_forward_pre_hook(lambda module, args: _CPU_THREADS.keep())
         model._turnforge_cpu_threads = True
+
+
+@contextlib.contextmanager
+def held_cpu_threads() -> Iterator[None]:
+    """One OpenMP thread count (the cores free now) for every forward inside: float sums may round differently with
+    another count, so computations compared for exact equality run inside (the test suite holds one per test)."""
+    threads = _CPU_THREADS
+    if threads is None:
+        yield
+        return
+    with threads.lock:
+        threads.measure()
+        threads.held += 1
+    try:
+        yield
+    finally:
+        with threads.lock:
+            threads.held -= 1
