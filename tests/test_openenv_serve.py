@@ -79,6 +79,28 @@ def test_a_bad_action_gets_the_envs_own_error_observation(household_url):
         assert unparsable.observation["messages"][0]["content"] == direct.step(direct.format.parse("no action line here")).messages[0].content
 
 
+@pytest.mark.parametrize("how", ["message", "text"])
+def test_the_experts_reply_stepped_as_it_came_takes_the_experts_action(household_url, how):
+    """Issue 60: `{"type": "expert"}` answered `go to desk 1`, the parsed action without the format's `ACTION: `.
+    Stepped as it came (`{"message": reply}` or `{"text": reply["content"]}`) it was a format error, answered
+    "Nothing happens." as ALFWorld answers one: 50 steps, reward 0, and no step said why. Now the reply is the text
+    the expert policy writes, and a reply the format cannot read is named in the step's metadata."""
+    with client(household_url) as session:
+        session.reset(index=0)
+        for _ in range(50):
+            reply = session.step({"type": "expert"}).observation["messages"][0]
+            assert reply["content"].startswith("ACTION: ") and not reply.get("tool_calls")
+            result = session.step({"message": reply} if how == "message" else {"text": reply["content"]})
+            assert "format_error" not in result.observation["metadata"]
+            if result.done:
+                break
+        assert result.reward == 1.0 and session.state()["score"]["success"]
+        session.reset(index=0)
+        unparsable = session.step({"text": "go to desk 1"})
+        assert unparsable.observation["messages"][0]["content"] == "Nothing happens."
+        assert unparsable.observation["metadata"]["format_error"] == 'no "ACTION:" line'
+
+
 @pytest.mark.parametrize(("action", "says"), [
     ({"bogus": 1}, "unknown key(s) ['bogus']"),
     ({"text": "ACTION: look", "message": {"content": "x"}}, "2 of message, text, type"),

@@ -163,6 +163,7 @@ class OpenEnvEnv:
             self.done = result.done
             info = dict(result.observation.get("metadata") or {})  # the env's step info (server.py `step_info`)
             stop = info.pop("stop", None)
+            info.pop("format_error", None)  # for other clients: the rollout here parsed the reply itself
             messages = [Message.from_dict(m) for m in result.observation.get("messages", [])]
             return StepResult(messages, float(result.reward or 0.0), result.done, StopReason(stop) if stop else None,
                               info)
@@ -267,7 +268,16 @@ class ServedEnvWithExpert(OpenEnvEnv):
     def expert_reply(self) -> Message:
         answer = self.client.step({"type": "expert"}).observation
         self._thought = (answer.get("metadata") or {}).get("thought")
-        return Message.from_dict(answer["messages"][0])
+        reply = Message.from_dict(answer["messages"][0])
+        if reply.tool_calls:
+            return reply
+        # Without calls the server sends the reply as the format's text (server.py `_expert_reply`): parsed back here
+        # with the server's own format (`parse(render(m)) == m`).
+        parsed = self.format.parse(reply.content)
+        if isinstance(parsed, FormatError):
+            raise ValueError(f"{self.url}'s expert replied {reply.content!r}, which its format "
+                             f"{self.format.name!r} cannot parse ({parsed.reason})")
+        return parsed
 
     def expert_thought(self) -> str | None:
         return self._thought

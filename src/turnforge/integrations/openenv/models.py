@@ -11,7 +11,9 @@ An action is exactly one of:
     {"text": "..."}                                                           a raw model reply, parsed by the env's format
     {"type": "call_tool", "tool_name": ..., "arguments": {...}}               one tool call (OpenEnv's MCP action, RFC 003)
     {"type": "list_tools"}                                                    the env's tools (OpenEnv's MCP action)
-    {"type": "expert"}                                                        the env's scripted expert's next reply, not taken
+    {"type": "expert"}                                                        the env's scripted expert's next reply, not taken,
+                                                                              written as a step reads it back (text actions
+                                                                              in the env's format: `ACTION: go to desk 1`)
 """
 
 from __future__ import annotations

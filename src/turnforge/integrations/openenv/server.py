@@ -151,13 +151,18 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
             raise ValueError(f"the episode of task {self.task.id!r} is over; reset to start another")
         if action.type == "expert":
             return self._expert_reply()
-        result: StepResult = self._guarded(self.env.step, self._reply(action))
+        reply = self._reply(action)
+        result: StepResult = self._guarded(self.env.step, reply)
         self.steps, self.done = self.steps + 1, result.done
         # Once the episode ends, OpenEnv's reward is the episode's (the env's score), as a trainer reads it.
         self.final = self._guarded(self.env.score) if result.done else None
         reward = self.final.reward if self.final is not None else result.reward
         messages = [m.to_dict() for m in result.messages]
         metadata = {**step_info(result.info), "stop": result.stop.value if result.stop else None}
+        if isinstance(reply, FormatError):
+            # The env answers it as its game would ("Nothing happens." with hints off): without this line a client
+            # cannot tell a reply it could not read from an action that did nothing (issue 60).
+            metadata["format_error"] = reply.reason
         if action.type == "call_tool":
             answer = next((m["content"] for m in messages if m["role"] == "tool"), "")
             return CallToolObservation(tool_name=action.tool_name, result=answer, done=result.done, reward=reward,
@@ -255,11 +260,18 @@ class TurnforgeEnvironment(Environment[TurnforgeAction, TurnforgeObservation, Tu
 
     def _expert_reply(self) -> TurnforgeObservation:
         """What the env's scripted expert would reply now (and the thought it gives), without taking it: the
-        `expert` policy and DPO mining's expert replies on an `openenv:URL` env."""
+        `expert` policy and DPO mining's expert replies on an `openenv:URL` env.
+
+        The reply is written as a step reads it back, so that stepping it as it came takes the expert's action: with
+        tool calls, that message; without, the text the `expert` policy writes in the env's format (`THOUGHT: ...
+        ACTION: go to desk 1`), which `{"message": ...}` and `{"text": ...}` both parse. The parsed action alone
+        (`go to desk 1`) is no reply in a text format: stepped, it was a format error (issue 60)."""
         if not isinstance(self.env, SupportsExpert):
             raise ValueError(f"env {self.served.name!r} has no scripted expert")
         reply = self._guarded(self.env.expert_reply)  # first: the thought may state what it decided
         thought = self.env.expert_thought() if hasattr(self.env, "expert_thought") else None
+        if not reply.tool_calls:
+            reply = Message("assistant", self.env.format.render(reply, thought=thought))
         return TurnforgeObservation(messages=[reply.to_dict()], metadata={"thought": thought})
 
     def _mcp_tools(self) -> list[Tool]:
