@@ -95,6 +95,31 @@ def test_errors_are_openai_shaped(url, client, served):
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(("change", "param", "says"), [
+    ({"tools": [{"type": "function"}]}, "tools.0.function", "Field required"),
+    ({"tools": [{"type": "function", "function": {"name": "act"}}], "stream": True}, None, None),
+    ({"messages": [{"role": "user", "content": 42}]}, "messages.0.content", "not int"),
+    ({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, "messages.0.content", "part 0 is not"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]}]}, None, None),
+    ({"messages": [{"role": "bot", "content": "hi"}]}, "messages.0.role", "'user'"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"function": {}}]}]},
+     "messages.1.tool_calls.0.function.name", "Field required"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stream": True, "tools": [{"function": {"name": 7}}]},
+     "tools.0.function.name", "valid string"),
+])
+def test_a_request_not_of_openais_shape_is_a_400_naming_the_field(url, change, param, says):
+    """Issue 60: a tool without its function, or a message whose content is a number, got 200 OK (vLLM answers 400,
+    and the README promises it): pydantic checks OpenAI's shape of messages and tools, before a stream begins."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1} | change
+    answer = httpx.post(f"{url}/chat/completions", json=body, timeout=60)
+    if param is None:  # OpenAI's shape: served
+        assert answer.status_code == 200, answer.text
+        return
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == param and says in error["message"], error
+    assert error["message"].startswith(f"{param}: ") and "\n" not in error["message"]
+
+
 def test_a_tool_call_conversation_renders_as_the_chat_template_does(client, served):
     tools = [{"type": "function", "function": {"name": "act", "parameters": {"type": "object", "properties": {
         "action": {"type": "string"}}}}}]

@@ -66,6 +66,7 @@ from turnforge.policies.base import (
 from turnforge.policies.queue import Role, RoleQueues
 from turnforge.policies.reply_memory import ReplyMemory
 from turnforge.policies.serve_scoring import CompletionRequest, complete
+from turnforge.policies.serve_shape import check_chat_shape
 from turnforge.policies.serve_stream import (
     DONE,
     Choice,
@@ -89,7 +90,8 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The fields of an OpenAI chat-completions request this server reads (others are ignored, as vLLM does)."""
+    """The fields of an OpenAI chat-completions request this server reads (others are ignored, as vLLM does);
+    `messages` and `tools` are checked against OpenAI's shape in `_prepare` (policies/serve_shape.py) and kept as sent."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -328,8 +330,13 @@ def _invalid_request(e: RequestValidationError) -> APIError:
             problem = str(err)
         return APIError(400, f"the request body is not valid JSON ({problem}); send one JSON object, "
                         'e.g. {"model": "...", "messages": [{"role": "user", "content": "..."}]}')
-    where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-    return APIError(400, f"{where or 'request'}: {first.get('msg', 'invalid request')}", where)
+    return _field_refusal(first, first.get("loc", ())[1:])  # without FastAPI's "body"
+
+
+def _field_refusal(error: dict[str, Any], loc: tuple) -> APIError:
+    """A 400 with one line, `FIELD.PATH: what is wrong`, naming the field as `param`."""
+    where = ".".join(str(x) for x in loc) or None
+    return APIError(400, f"{where or 'request'}: {error.get('msg', 'invalid request')}", where)
 
 
 @dataclass
@@ -349,8 +356,13 @@ def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
     if request.stream_options is not None and not request.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
     _known_model(served, request.model)
+    try:
+        check_chat_shape(request.messages, request.tools)
+    except ValidationError as e:  # vLLM answers 400 too; the first problem, as for the other fields
+        first = e.errors()[0]
+        raise _field_refusal(first, first["loc"]) from None
     adapter = None if request.model == served.name else request.model
-    messages = [_chat_message(m, i) for i, m in enumerate(request.messages)]
+    messages = [_chat_message(m) for m in request.messages]
     try:
         text = render(served.tokenizer, messages, request.tools, True)
     except Exception as e:  # the template's own checks (jinja raise_exception), or a message it cannot render
@@ -509,7 +521,7 @@ def _remember(served: ServedModel, request: ChatRequest, messages: list[dict[str
     if not ids or ids[-1] != served.eos_id:
         ids = ids + [served.eos_id]  # a reply cut short: the template closes the turn with the end-of-turn token
     try:
-        text = render(served.tokenizer, [*messages, _chat_message(reply, len(messages))], request.tools, False)
+        text = render(served.tokenizer, [*messages, _chat_message(reply)], request.tools, False)
     except Exception:
         return
     end = text.rfind(served.memory.eos_text)
@@ -541,27 +553,24 @@ def _logprobs(served: ServedModel, gen: Generation) -> list[dict[str, Any]]:
             for tok, lp in zip(tokens, gen.logprobs, strict=False)]
 
 
-def _chat_message(m: dict[str, Any], index: int) -> dict[str, Any]:
-    """An OpenAI message as Hugging Face chat templates read it: text content, tool-call arguments as dicts."""
-    role = m.get("role")
-    if role not in ("system", "developer", "user", "assistant", "tool"):
-        raise APIError(400, f"messages[{index}]: unknown role {role!r}", f"messages.{index}.role")
+def _chat_message(m: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI message (of OpenAI's shape: `check_chat_shape`) as Hugging Face chat templates read it: text
+    content, tool-call arguments as dicts."""
+    role = m["role"]
     content = m.get("content")
     if isinstance(content, list):  # content parts: the text ones, joined
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content or ""}
     if m.get("tool_calls"):
-        out["tool_calls"] = [_template_call(c, index) for c in m["tool_calls"]]
+        out["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
     for k in ("tool_call_id", "name"):
         if m.get(k) is not None:
             out[k] = m[k]
     return out
 
 
-def _template_call(call: dict[str, Any], index: int) -> dict[str, Any]:
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not fn.get("name"):
-        raise APIError(400, f"messages[{index}].tool_calls: each call needs function.name", f"messages.{index}.tool_calls")
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
     args = fn.get("arguments")
     if isinstance(args, str):
         with contextlib.suppress(ValueError):
