@@ -167,3 +167,27 @@ def test_a_comparison_is_not_written_over_a_run(recipe_run, eval_run, tmp_path):
     assert runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(compare)]).exit_code == 0
     assert runner.invoke(app, ["report", str(recipe_run), str(recipe_run), "--compare", "--out", str(compare)]).exit_code == 0
     assert_one_error_line(_eval(compare), "turnforge report --compare", "another --out")
+
+
+def test_a_comparison_takes_eval_folders_and_runs_alike(recipe_run, eval_run, tmp_path):
+    """Issue 60: `report A B --compare` on two `turnforge eval` folders was refused ("not of a recipe run"), though the
+    README calls it "evaluations side by side". An eval folder is one column named after it; a run, one per eval."""
+    random_run = tmp_path / "eval-random"
+    made = runner.invoke(app, ["eval", "--env", "household", "--tasks", "2", "--policy", "random", "--out", str(random_run)])
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "compare"
+    result = runner.invoke(app, ["report", str(eval_run), str(random_run), "--compare", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    assert "| metric | eval-run | eval-random | Δ |" in report and "| success (95% CI) | 100.0% (" in report
+    assert "- `eval-run`: `turnforge eval` of `expert` on household, split test" in report
+    assert "| stop reason | eval-run | eval-random |" in report  # the sections every report has, from the episodes
+    mixed = runner.invoke(app, ["report", str(recipe_run), str(eval_run), "--compare", "--out", str(tmp_path / "mixed")])
+    assert mixed.exit_code == 0, mixed.output
+    assert "| metric | recipe-run:random | eval-run | Δ |" in (tmp_path / "mixed" / "report.md").read_text()
+    (tmp_path / "nothing").mkdir()
+    refused = runner.invoke(app, ["report", str(eval_run), str(tmp_path / "nothing"), "--compare", "--out", str(out)])
+    assert_one_error_line(refused, "neither a `turnforge run` directory nor a `turnforge eval` folder")
+    (random_run / "summary.json").unlink()
+    refused = runner.invoke(app, ["report", str(eval_run), str(random_run), "--compare", "--out", str(out)])
+    assert_one_error_line(refused, "has no summary.json", "re-run the `turnforge eval`")

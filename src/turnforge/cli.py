@@ -485,8 +485,10 @@ def parse_adapters(pairs: list[str]) -> dict[str, str]:
 @app.command()
 @_user_errors
 def report(
-    runs: Annotated[list[Path], typer.Argument(help="Run directories (the --out of `turnforge run`).")],
-    compare: Annotated[bool, typer.Option(help="Put the runs' evaluations side by side in one report.")] = False,
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (the --out of `turnforge run`; with --compare, "
+                                               "also of `turnforge eval`).")],
+    compare: Annotated[bool, typer.Option(help="Put the evaluations of runs and eval folders side by side in one "
+                                          "report.")] = False,
     out: Annotated[Path | None, typer.Option(help="Folder of the --compare report (default: ./compare).")] = None,
     readme: Annotated[Path | None, typer.Option(help="Also fill this file's results block (between "
                                                 "<!-- turnforge results: begin/end --> lines) from the run.")] = None,

@@ -1,7 +1,7 @@
 """The report of a run: report.md and one self-contained report.html (plots embedded), from the run directory.
 
     turnforge report runs/qs                      # runs/qs/report.md, report.html, plots/
-    turnforge report runs/a runs/b --compare      # their evaluations side by side
+    turnforge report runs/a runs/b --compare      # their evaluations side by side (`turnforge eval` folders too)
 
 One function, `comparison_rows`, decides what is compared (success with its 95 % interval, pass@k,
 pass^k, mean reward / progress / turns, success per category); the terminal table and the Markdown
@@ -30,7 +30,16 @@ from rich.table import Table
 
 from turnforge.eval.curves import stage_curves
 from turnforge.eval.metrics import summarize
-from turnforge.rundir import RunFiles, check_out_dir, check_owner, claim, read_run
+from turnforge.rundir import (
+    EPISODES_FILE,
+    RunFiles,
+    check_out_dir,
+    check_owner,
+    claim,
+    owner_of,
+    read_eval,
+    read_run,
+)
 from turnforge.types import read_trajectories
 
 REPORT_FILE = "report.md"
@@ -370,27 +379,40 @@ def update_readme(readme: str | Path, run_dir: str | Path) -> Path:
 
 
 def write_comparison(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
-    """OUT/report.md + report.html: the evaluations of several runs side by side (`RUN:EVAL` columns)."""
+    """OUT/report.md + report.html: the evaluations of several folders side by side: a recipe run's (`RUN:EVAL`
+    columns) and a `turnforge eval` folder's (`EVAL`), in any mix."""
     out = Path(out_dir)
     check_out_dir(out)
     check_owner(out, "compare")  # a run's own report.md is not replaced by a comparison
-    runs = [read_run(d) for d in run_dirs]
-    names = [r.dir.resolve().name for r in runs]
-    if len(set(names)) < len(names):  # two runs named alike: tell them apart by their full paths
-        names = [str(r.dir) for r in runs]
-    columns = [
-        Column(f"{name}:{ev}", s, run.eval_episodes().get(ev), out)
-        for name, run in zip(names, runs, strict=True)
-        for ev, s in run.summary["eval"].items()
-    ]
+    folders = [Path(d) for d in run_dirs]
+    names = [folder.resolve().name for folder in folders]
+    if len(set(names)) < len(names):  # two folders named alike: tell them apart by their full paths
+        names = [str(folder) for folder in folders]
+    compared = [comparison_columns(folder, name, out) for folder, name in zip(folders, names, strict=True)]
+    columns = [column for found, _ in compared for column in found]
     if not columns:
         raise ValueError(f"none of {', '.join(map(str, run_dirs))} has an evaluation to compare")
-    lines = ["# " + " vs ".join(names), "", *(f"- `{n}`: recipe {r.summary['recipe']}, model `{r.summary['model']}`"
-                                           for n, r in zip(names, runs, strict=True)), ""]
+    lines = ["# " + " vs ".join(names), "", *(line for _, line in compared), ""]
     lines += evaluation_sections(columns)
     out.mkdir(parents=True, exist_ok=True)
     claim(out, "compare")
     return _write_both(out, "\n".join(lines), " vs ".join(names))
+
+
+def comparison_columns(folder: Path, name: str, out: Path) -> tuple[list[Column], str]:
+    """The evaluations that `folder` holds, as columns of a comparison written to `out`, and the line that says what
+    it is: a `turnforge eval` folder's one evaluation (column NAME), or a recipe run's evaluations (NAME:EVAL)."""
+    if owner_of(folder) == "eval":
+        summary = read_eval(folder)
+        episodes = folder / EPISODES_FILE
+        line = f"- `{name}`: `turnforge eval` of `{summary['policy']}` on {summary['env']}, split {summary['split']}"
+        return [Column(name, summary, episodes if episodes.is_file() else None, out)], line
+    if owner_of(folder) is None:
+        raise FileNotFoundError(f"{folder} is neither a `turnforge run` directory nor a `turnforge eval` folder; give "
+                                "the --out of either")
+    run = read_run(folder)
+    columns = [Column(f"{name}:{ev}", s, run.eval_episodes().get(ev), out) for ev, s in run.summary["eval"].items()]
+    return columns, f"- `{name}`: recipe {run.summary['recipe']}, model `{run.summary['model']}`"
 
 
 def _write_both(out: Path, markdown: str, title: str) -> Path:

@@ -218,6 +218,24 @@ def read_run(run_dir: str | Path) -> RunFiles:
     return RunFiles(run_dir, summary, (run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
 
 
+def read_eval(eval_dir: str | Path) -> dict[str, Any]:
+    """The summary.json of a `turnforge eval` folder (its --out); a clear error (ValueError, FileNotFoundError) when
+    it has none yet, or when it is cut short, edited or not an evaluation's."""
+    eval_dir = Path(eval_dir)
+    summary_file = eval_dir / SUMMARY_FILE
+    redo = f"re-run the `turnforge eval` command that made {eval_dir} (it resumes) to write it again"
+    if not summary_file.is_file():
+        raise FileNotFoundError(f"{eval_dir} has no {SUMMARY_FILE}: its `turnforge eval` did not finish; {redo}")
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{summary_file} is not valid JSON ({e}): cut short or edited; {redo}") from None
+    lacking = [key for key in EVAL_KEYS_READ if key not in summary] if isinstance(summary, dict) else list(EVAL_KEYS_READ)
+    if lacking:
+        raise ValueError(f"{summary_file} is no evaluation's summary: it has no {', '.join(map(repr, lacking))}; {redo}")
+    return summary
+
+
 RUN_SUMMARY_KEYS = ("recipe", "model", "eval", "stages")
 STAGE_KEYS = ("kind", "dir", "status", "wall_s", "result")
 EVAL_KEYS_READ = (
