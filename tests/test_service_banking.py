@@ -91,6 +91,16 @@ def test_variants_that_need_a_model_or_a_shell_are_refused_in_one_line(variant, 
         make_env("service", domain="desk", retrieval="bm25")
 
 
+def test_terminal_use_is_refused_in_one_correct_line():
+    """Issue 60: the line read "...turnforge's code sandbox runs Python only, which turnforge does not run"."""
+    with pytest.raises(ValueError) as refused:
+        make_env("service", **BANK, retrieval="terminal_use")
+    assert str(refused.value) == (
+        "banking_knowledge retrieval='terminal_use' is a tau2 variant that turnforge does not run: it needs a shell "
+        "sandbox over the exported documents (tau2's SandboxManager), and turnforge's code sandbox runs Python, not "
+        "shell commands; use an offline one: bm25, bm25_grep, grep_only, full_kb, golden_retrieval, no_knowledge")
+
+
 def _play(env, task: Task) -> dict:
     env.reset(task)
     for _ in range(300):

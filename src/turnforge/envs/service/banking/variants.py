@@ -50,8 +50,8 @@ REFUSED = {
     "alltools": f"needs the embedding model {_EMBEDDERS['openai']} and a shell sandbox",
     "AllTools": f"needs the embedding model {_EMBEDDERS['openai']} and a shell sandbox",
     "alltools-qwen": f"needs the embedding model {_EMBEDDERS['qwen']} and a shell sandbox",
-    "terminal_use": "needs a shell sandbox over the exported documents (tau2's SandboxManager); turnforge's code "
-                    "sandbox runs Python only",
+    "terminal_use": "needs a shell sandbox over the exported documents (tau2's SandboxManager), and turnforge's "
+                    "code sandbox runs Python, not shell commands",
     "terminal_use_write": "needs a writable shell sandbox over the exported documents (tau2's SandboxManager)",
 }
 
@@ -61,8 +61,8 @@ def resolve(name: str) -> Variant:
     if name in VARIANTS:
         return VARIANTS[name]
     if name in REFUSED:
-        raise ValueError(f"banking_knowledge retrieval={name!r} {REFUSED[name]}, which turnforge does not run; "
-                         f"use one of {', '.join(VARIANTS)}")
+        raise ValueError(f"banking_knowledge retrieval={name!r} is a tau2 variant that turnforge does not run: it "
+                         f"{REFUSED[name]}; use an offline one: {', '.join(VARIANTS)}")
     raise ValueError(f"unknown banking_knowledge retrieval variant {name!r}; use one of {', '.join(VARIANTS)}")
 
 
