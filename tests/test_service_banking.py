@@ -101,6 +101,24 @@ def test_terminal_use_is_refused_in_one_correct_line():
         "shell commands; use an offline one: bm25, bm25_grep, grep_only, full_kb, golden_retrieval, no_knowledge")
 
 
+def test_kb_search_ends_with_tau2s_timing_line_and_ties_keep_file_name_order():
+    """Issue 60: tau2's line has a `reranking=` part (its bm25 pipeline times an empty post-processing stage and prints
+    it); documents of equal score come in file-name order here (tau2: its directory listing's), on every machine."""
+    from turnforge.envs.service.banking.knowledge import KnowledgeBase, grep
+
+    bank = domain()
+    state = bank.new_state(next(iter(bank.tasks.values())))
+    for query in ("credit card annual fee", ""):
+        content = state.call("KB_search", {"query": query}, "assistant").content
+        assert re.search(r"\n\n\[Timing: retrieval=\d+ms, reranking=0ms, total=\d+ms\]$", content), content[-80:]
+    kb = KnowledgeBase.load(DATA / "documents")
+    by_name = [json.loads(path.read_text())["id"] for path in sorted((DATA / "documents").glob("*.json"))]
+    assert list(kb.documents) == by_name
+    found = grep(kb, "fee", top_k=len(by_name))
+    assert len({score for _, score in found}) < len(found)  # ties to order
+    assert found == sorted(found, key=lambda r: (-r[1], by_name.index(r[0])))
+
+
 def _play(env, task: Task) -> dict:
     env.reset(task)
     for _ in range(300):
