@@ -19,6 +19,7 @@ ISSUE_KEYS = {
     "sampling",  # issue 14: the sampling settings of the run
     "format_errors", "tool_errors",  # issue 17: unparsable replies and refused actions, counted
     "wall_s_invocation",  # issue 17: wall_s is the run's across resumes, this the last invocation's
+    "env_options",  # issue 60: which evaluation it is (banking's retrieval variant was in run.json only)
 }  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from turnforge.integrations.openenv.server import running_server  # noqa: E402
 from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.types import Trajectory  # noqa: E402
 
-TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "policy"}
+TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "env_options", "policy"}
 
 
 @pytest.mark.parametrize("policy", ["replay", "expert"])

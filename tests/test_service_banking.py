@@ -119,6 +119,16 @@ def test_kb_search_ends_with_tau2s_timing_line_and_ties_keep_file_name_order():
     assert found == sorted(found, key=lambda r: (-r[1], by_name.index(r[0])))
 
 
+def test_the_summary_records_the_retrieval_variant(tmp_path):
+    """Issue 60: only run.json held the variant; summary.json has every option the env ran with."""
+    from turnforge.rollouts_file import run_eval
+
+    summary = run_eval("service", {**BANK, "retrieval": "grep_only"}, "expert", "test", 1, 1, 0, tmp_path / "grep")
+    assert {k: summary["env_options"][k] for k in ("domain", "retrieval")} == {"domain": "banking_knowledge",
+                                                                               "retrieval": "grep_only"}
+    assert summary["env_options"]["max_steps"] == 100  # defaults too
+
+
 def _play(env, task: Task) -> dict:
     env.reset(task)
     for _ in range(300):

@@ -185,6 +185,7 @@ def run_eval(
         summary = summarize(
             episodes,
             env=env,
+            env_options=get_env_spec(env).resolve(options),  # run.json holds only the options given
             split=split,
             policy=policy_spec,
             samples_per_task=samples,

@@ -14,7 +14,7 @@ from turnforge.types import StopReason, Trajectory
 
 # The keys of summary.json, in order: a contract that later stages and external checks read.
 SUMMARY_KEYS = (
-    "env", "split", "policy", "n_tasks", "samples_per_task", "n_episodes", "success", "success_ci",
+    "env", "env_options", "split", "policy", "n_tasks", "samples_per_task", "n_episodes", "success", "success_ci",
     "pass@k", "pass^k", "mean_reward", "mean_progress", "mean_turns", "stop_reasons", "by_category",
     "wall_s", "wall_s_invocation", "env_steps", "tokens_generated", "format_errors", "tool_errors", "sampling",
 )  # fmt: skip
@@ -78,17 +78,21 @@ def summarize(
     wall_s: float = 0.0,
     sampling: dict | None = None,
     wall_s_invocation: float | None = None,
+    env_options: dict | None = None,
 ) -> dict:
     """The summary.json of an evaluation (keys are a contract: later stages and external checks read them).
 
     Episode-level means (success, reward, progress, turns) weigh every episode equally; pass@k and
     pass^k are per-task estimates averaged over tasks; `by_category[c]["n"]` counts episodes. `sampling` is
-    the run's sampling settings (temperature, top_p, top_k, max_new_tokens, stop, seed).
+    the run's sampling settings (temperature, top_p, top_k, max_new_tokens, stop, seed); `env_options` every option
+    the env was made with (defaults included: a tau2 domain, its retrieval variant, hints), so that a summary says
+    which evaluation it is.
     """
     n_success = sum(int(t.score.success) for t in trajectories)
     at_k, hat_k = _pass_metrics(trajectories, samples_per_task)
     return {
         "env": env,
+        "env_options": dict(env_options or {}),
         "split": split,
         "policy": policy,
         "n_tasks": len({t.task_id for t in trajectories}),
