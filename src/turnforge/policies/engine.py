@@ -23,6 +23,7 @@ Batching is synchronous: each step's arguments are prepared after the previous s
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import inspect
@@ -468,7 +469,7 @@ def attach_engine(model) -> Callable[[], None]:
             attention = model.config._attn_implementation
             if model.device.type == "cpu" and attention == "sdpa" and _cpu_attention_verified():
                 model.set_attn_implementation(CPU_ATTENTION)
-            state = model._turnforge_engines = {"users": 0, "hooks": hooks, "attention": attention}
+            state = model._turnforge_engines = {"users": 0, "hooks": hooks, "attention": attention, "lock": lock}
         state["users"] += 1
 
     def release() -> None:
@@ -482,6 +483,17 @@ def attach_engine(model) -> Callable[[], None]:
                 del model._turnforge_engines
 
     return release
+
+
+@contextlib.contextmanager
+def forwards_paused(model):
+    """While inside, no forward of `model` (or of a module inside it that an engine runs: a PEFT model's base) runs:
+    the forward lock `attach_engine` takes is held. What async GRPO copies new weights into its generator under, so
+    no engine step ever sees half-updated weights. Without an engine attached, no engine can attach meanwhile."""
+    with _ATTACHING:
+        state = next((m._turnforge_engines for m in model.modules() if hasattr(m, "_turnforge_engines")), None)
+        with state["lock"] if state is not None else contextlib.nullcontext():
+            yield
 
 
 def stop_engines() -> None:

@@ -31,6 +31,9 @@ How it departs from plain TRL:
   - Scoring (`EpisodeGRPOTrainer`): each episode's log-probabilities are computed on its own tokens, a few
     rows of similar length at a time, instead of on TRL's batch padded to its longest episode (mostly padding
     in a multi-turn batch); the same values up to rounding.
+  - Asynchronous GRPO (`max_staleness` = k > 0, `train/grpo_async.py`): a background worker plays groups on a copy
+    of the weights beside training, each step trains the oldest finished groups (none more than k steps stale), and
+    the loss weighs each token by its truncated importance ratio against the recorded log-probs (`off_policy.py`).
   - Step-level credit (GiGPO, `step_advantage_weight` > 0): `StepCreditGRPOTrainer` adds to TRL's episode
     advantages a per-turn term, each turn's discounted return against the turns of its group that saw the
     same observation (`turnforge.train.step_credit`).
@@ -60,6 +63,7 @@ from turnforge.eval.curves import quarter_means, read_points
 from turnforge.models import load_model
 from turnforge.rewards import COMPONENTS
 from turnforge.tiny_model import resolve_model
+from turnforge.train.grpo_async import AsyncEpisodeRollouts
 from turnforge.train.grpo_rollouts import EpisodeRollouts
 from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, StepCreditGRPOTrainer
 from turnforge.train.runtime import (
@@ -140,9 +144,11 @@ def run_grpo(
     start = time.perf_counter()
     out_dir = Path(out_dir)
     trainer_class = StepCreditGRPOTrainer if settings.step_advantage_weight else EpisodeGRPOTrainer
+    # max_staleness 0: today's synchronous rollouts, unchanged; k > 0: the background worker (`grpo_async`)
+    rollouts_class = AsyncEpisodeRollouts if settings.max_staleness else EpisodeRollouts
     result, rollouts = train_on_episodes(
         "grpo", model, env_name, env_options, tasks, out_dir, settings, adapter, trainer_class,
-        lambda tokenizer: EpisodeRollouts(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE),
+        lambda tokenizer: rollouts_class(env_name, env_options, tasks, tokenizer, settings, out_dir / ROLLOUTS_FILE),
     )
     drawn = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "drawn_reward")])
     return {
@@ -195,6 +201,11 @@ def train_on_episodes(
         callbacks=[MetricsFileCallback(out_dir / METRICS_FILE)],
     )
     reload_colocated_weights_on_cpu(trainer)  # use_vllm in colocate mode on vLLM's CPU build (trl_internals)
-    result = trainer.train(resume_from_checkpoint=resume)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    finally:
+        close = getattr(rollouts, "close", None)  # async GRPO's worker: its groups still playing are dropped
+        if close is not None:
+            close()
     save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
     return result, rollouts

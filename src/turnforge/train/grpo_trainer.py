@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from turnforge.train.lm_head import score_labelled_only
+from turnforge.train.off_policy import importance_weights
 from turnforge.train.runtime import CACHE_FIELD, checkpointing_on, expanded_cache, forward_cache
-from turnforge.train.trl_internals import GRPOTrainerHooks
+from turnforge.train.trl_internals import GRPOTrainerHooks, metric_lists
 
 if TYPE_CHECKING:
     from turnforge.train.grpo_rollouts import EpisodeRollouts
@@ -130,6 +131,30 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
         if out.log_probs.requires_grad and not logps.requires_grad:  # no token scored (all truncated): as TRL,
             logps = logps + 0 * out.log_probs.sum()  # a zero that backward can run through
         return logps, entropies
+
+
+    def off_policy_weights(self, batch):
+        """Async GRPO (`max_staleness` > 0): the truncated importance weights of the batch's tokens against the
+        log-probs they were sampled with (`off_policy.importance_weights`, TRL's vLLM modes and clip knobs), logged
+        as `async/is_ratio_mean`, `async/is_ratio_max`, `async/is_corrected_share`. Synchronous: None."""
+        if not getattr(self.rollout_func, "off_policy", False) or batch.get("sampling_per_token_logps") is None:
+            return None
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        keep = batch["completion_ids"].shape[1]
+        current = batch.get("old_per_token_logps")
+        if current is None:  # the proximal policy: the trained weights before this step's update
+            with torch.no_grad():
+                current, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, keep)
+        learned = batch["completion_mask"] * batch.get("tool_mask", 1)
+        weights, stats = importance_weights(current, batch["sampling_per_token_logps"], learned,
+                                            self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
+                                            self.vllm_importance_sampling_clip_max)
+        metrics = metric_lists(self)
+        metrics["async/is_ratio_mean"].append(stats.ratio_mean)
+        metrics["async/is_ratio_max"].append(stats.ratio_max)
+        metrics["async/is_corrected_share"].append(stats.corrected_share)
+        return weights
 
 
 class StepCreditGRPOTrainer(EpisodeGRPOTrainer):

@@ -312,6 +312,12 @@ class GRPOSettings(TrainerSettings, SamplingParams):
     """Replace zero-variance groups by other tasks' groups (DAPO dynamic sampling)."""
     resample_rounds: int = 2
     """How many times dynamic sampling may try again per generation batch."""
+    max_staleness: int = 0
+    """Asynchronous GRPO's k: 0 = synchronous (each step plays its groups with the step's weights, then trains);
+    k > 0 = a background worker keeps up to (k + 1) steps' worth of groups playing beside training on a copy of the
+    weights, each step trains the oldest finished groups, none sampled more than k optimizer steps before the weights
+    it is trained with (`train.grpo_async`; the loss is corrected by truncated importance sampling from the recorded
+    log-probabilities; docs/decisions.md, "Asynchronous GRPO")."""
     use_vllm: bool = False
     """Roll out with vLLM through TRL's vLLM modes (`pip install "turnforge[vllm]"` on a GPU; on a CPU, vLLM's CPU
     build and colocate mode only: docs/decisions.md, "vLLM for real"): `vllm_mode` colocate (default) or server,
@@ -331,6 +337,9 @@ class GRPOSettings(TrainerSettings, SamplingParams):
             ("resample_rounds", self.resample_rounds >= 0, "0 or more"),
             ("step_advantage_weight", self.step_advantage_weight >= 0, "0 (off) or more"),
             ("step_discount", 0 < self.step_discount <= 1, "in (0, 1]"),
+            ("max_staleness", self.max_staleness >= 0, "0 (synchronous) or more"),
+            ("max_staleness", self.max_staleness == 0 or not self.use_vllm,
+             "0 with use_vllm: asynchronous GRPO runs on the hf engine only (TRL syncs its vLLM engine once a step)"),
         ]
 
     @model_validator(mode="after")
@@ -372,4 +381,7 @@ class GRPOSettings(TrainerSettings, SamplingParams):
             "reward_weights": [weights[name] for name in COMPONENTS],
             "report_to": [],
             "use_vllm": self.use_vllm,
+            # Async GRPO's correction reads TRL's vLLM importance-sampling knobs; per token, truncated, unless set:
+            # a sequence ratio over a multi-turn episode of hundreds of tokens masks most episodes (docs/decisions.md)
+            **({"vllm_importance_sampling_mode": "token_truncate"} if self.max_staleness else {}),
         }

@@ -10,7 +10,8 @@ reward components through reward functions that receive those extra fields.
   GRPOTrainer._get_per_token_logps_and_entropies
                                     scores each episode on its own tokens (`GRPOTrainerHooks.score_tokens`)
   GRPOTrainer._generate_and_score_completions
-                                    adds GiGPO's per-token term to the advantages (`token_advantages`)
+                                    adds GiGPO's per-token term to the advantages (`token_advantages`) and weighs
+                                    them by async GRPO's importance weights (`off_policy_weights`)
   GRPOTrainer._compute_loss         takes those (B, T) advantages as they are (widens only (B,) ones)
   fused head closure                reads the settings TRL's fused LM head closes over (`fused_head_settings`)
   SFTTrainer token counter          corrects SFT's `num_tokens` for packed rows (`add_train_tokens`)
@@ -67,9 +68,20 @@ class GRPOTrainerHooks(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **media)
         return (*scored, None)  # TRL's third output: the auxiliary (router) loss
 
+    def off_policy_weights(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Per-token importance weights (B, T) for a batch sampled by other weights than the trained ones, or None
+        (on-policy: TRL's loss unchanged). They multiply the advantages: TRL's token loss -min(r A, clip(r) A) times a
+        weight w >= 0 is -min(r wA, clip(r) wA), so this is TRL's own `per_token_loss * importance_sampling_ratio`
+        (which TRL applies only with `use_vllm`), reached for the hf engine (async GRPO, `grpo_trainer`)."""
+        return None
+
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        output["advantages"] = self.token_advantages(output["advantages"], output["completion_ids"])
+        advantages = self.token_advantages(output["advantages"], output["completion_ids"])
+        weights = self.off_policy_weights(output)
+        if weights is not None:
+            advantages = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages) * weights
+        output["advantages"] = advantages
         return output
 
 
