@@ -204,3 +204,20 @@ def test_a_killed_async_run_resumes_without_training_a_group_twice(household_sft
     assert batches[1]["group_ids"][0].startswith("1:")  # a new stream, started at step 1
     trained = [uid for b in batches for uid in b["group_ids"]]
     assert len(trained) == len(set(trained))
+
+
+def test_async_keeps_dynamic_sampling_step_credit_kl_lora_and_accumulation(household_sft_model_dir, tmp_path):
+    """k = 1 with everything else on: dynamic sampling, GiGPO's step term, KL to the reference (LoRA: the adapter
+    disabled), LoRA (the generator shares the base) and 2 micro-batches a step."""
+    tasks = load_tasks("household", "train", limit=4, **ENV_OPTIONS)
+    settings = GRPOSettings(steps=2, max_staleness=1, dynamic_sampling=True, resample_rounds=1, step_advantage_weight=1.0,
+                            beta=0.05, lora={"r": 4, "alpha": 8, "dropout": 0.0}, micro_batch_size=4,
+                            **{**SETTINGS, "num_generations": 4, "learning_rate": 1e-3})
+    result = run_grpo(str(household_sft_model_dir), "household", ENV_OPTIONS, tasks, tmp_path, settings)
+    assert result["steps"] == 2 and result["episodes"] == 16
+    logs = _lines(tmp_path / "metrics.jsonl")
+    assert all("kl" in row and "async/is_ratio_mean" in row for row in logs)
+    assert logs[0]["async/is_ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    batches = _lines(tmp_path / "rollouts.jsonl")
+    assert all(b["episodes"] == 8 and "replaced_groups" in b for b in batches)
+    assert (tmp_path / "model" / "adapter_config.json").exists() or (tmp_path / "model" / "config.json").exists()
