@@ -359,7 +359,8 @@ class ServiceEnv:
             action = actions[done]
             arguments = dict(action.get("arguments") or {})
             if action.get("requestor", "assistant") == "user":
-                return Message("assistant", f"Please do this on your phone: {action['name']} {json.dumps(arguments)}")
+                arguments_text = json.dumps(arguments, ensure_ascii=False)  # the values as written: asks_for finds them
+                return Message("assistant", f"Please do this on your phone: {action['name']} {arguments_text}")
             return Message("assistant", "", tool_calls=[ToolCall(action["name"], arguments)])
         if self.expert_done < 2 * len(actions) + 1:
             self.expert_done = 2 * len(actions) + 1

@@ -12,6 +12,8 @@ of a user without tools is read for tool calls too (out of protocol): the env an
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any, Protocol
@@ -166,22 +168,16 @@ class ModelUser:
 
 
 class ScriptedUser:
-    """States `reason_for_call` and `known_info`, then confirms; says ###STOP### once every gold action of
+    """Opens with the customer's words (`scripted_opening`), then confirms; says ###STOP### once every gold action of
     the agent has a matching call (or after `patience` replies without a new match).
 
-    Dual control: when the next gold action in order (see `actions_done_in_order`) is the user's, it performs it
-    on its own tools instead of answering, and stops once every gold action of both sides is done."""
+    Dual control: when the next gold action in order (see `actions_done_in_order`) is the user's and the agent's
+    latest message asks for it (`asks_for`), it performs that one action on its own tools instead of answering,
+    then reports "Done."; unasked, it answers as otherwise (a real user acts on its phone when told to). It stops
+    once every gold action of both sides is done."""
 
     def __init__(self, task: dict[str, Any], patience: int = 8):
-        instructions = (task.get("user_scenario") or {}).get("instructions") or {}
-        if isinstance(instructions, dict):
-            parts = [instructions.get("reason_for_call"), instructions.get("known_info")]
-            self.opening = " ".join(p.strip() for p in parts if p)
-        else:  # free-text instructions (banking_knowledge) may quote the stop token the user should say at the end
-            text = str(instructions)
-            for token in USER_STOP_TOKENS:
-                text = text.replace(token, "")
-            self.opening = " ".join(text.split())
+        self.opening = scripted_opening((task.get("user_scenario") or {}).get("instructions") or {})
         criteria = task.get("evaluation_criteria") or {}
         self.all_actions = list(criteria.get("actions") or [])
         self.actions = [a for a in self.all_actions if a.get("requestor", "assistant") == "assistant"]
@@ -197,13 +193,14 @@ class ScriptedUser:
             done = actions_done_in_order(self.all_actions, calls)
             if done == len(self.all_actions):
                 return Message("user", STOP)
+            if conversation[-1].role == "tool":  # one action per request: report it, the agent asks for the next
+                return Message("user", "Done.")
             action = self.all_actions[done]
-            if action.get("requestor") == "user":  # its own call matches the action: the next reply moves on
+            asked = next((m.content for m in reversed(conversation) if m.role == "assistant"), "")
+            if action.get("requestor") == "user" and asks_for(asked, action):
                 self.user_calls += 1
                 return Message("user", "", tool_calls=[ToolCall(action["name"], dict(action.get("arguments") or {}),
                                                                 f"user_call_{self.user_calls}")])
-            if conversation[-1].role == "tool":
-                return Message("user", "Done.")
         calls = [c for m in history if m.role == "assistant" for c in m.tool_calls or []]
         done = sum(any(action_matches(a, c) for c in calls) for a in self.actions)
         if done == len(self.actions) and not self.dual:
@@ -213,6 +210,95 @@ class ScriptedUser:
         if self.idle >= self.patience:
             return Message("user", STOP)
         return Message("user", "Yes, I confirm. Please go ahead.")
+
+
+def asks_for(message: str, action: dict[str, Any]) -> bool:
+    """Whether an agent `message` asks the user to perform the gold `action` (the scripted user's rule; stated in
+    docs/decisions.md): it names the action's tool, with underscores or spaces, and each of its argument values
+    (`argument_words`), ignoring case and commas. The expert's "Please do this on your phone: NAME {json args}" does.
+
+    >>> asks_for("Please toggle airplane mode.", {"name": "toggle_airplane_mode", "arguments": {}})
+    True
+    >>> asks_for("Please set your network mode.", {"name": "set_network_mode_preference", "arguments": {"mode": "4g"}})
+    False
+    """
+    said = message.lower().replace(",", "")
+    name = action["name"].lower()
+    if name not in said and name.replace("_", " ") not in said:
+        return False
+    return all(word in said for word in argument_words(action.get("arguments") or {}))
+
+
+def argument_words(value: Any) -> list[str]:
+    """The argument values an agent must name to ask for a call, lower case and without commas: strings as they are
+    (one that holds a JSON object or list, as banking's `call_discoverable_user_tool` arguments do: the values in it),
+    numbers and booleans as JSON writes them, the values of dicts and lists one by one.
+
+    >>> argument_words({"card_type": "Gold Rewards Card", "annual_income": 100000, "rho_bank_subscription": True})
+    ['gold rewards card', '100000', 'true']
+    >>> argument_words({"arguments": '{"credit_card_account_id": "cc_1"}'})
+    ['cc_1']
+    """
+    if isinstance(value, dict):
+        return [w for v in value.values() for w in argument_words(v)]
+    if isinstance(value, list):
+        return [w for v in value for w in argument_words(v)]
+    if isinstance(value, str):
+        if value.lstrip().startswith(("{", "[")):
+            try:
+                return argument_words(json.loads(value))
+            except json.JSONDecodeError:
+                pass
+        return [value.lower().replace(",", "")]
+    return [json.dumps(value).replace(",", "")]
+
+
+# A free-text scenario (banking_knowledge) mostly scripts the customer's first words in a numbered step whose bold label
+# names the opening: `1. **Opening:** "Hi, I need ..."`, `1. **Start naturally:** Explain ...: "Hi, I ..."`.
+_OPENING_STEP = re.compile(r"^\s*\d+[a-z]?\.\s*\*\*[^*\n]*\b(?:opening|start)[^*\n]*\*\*(.*?)(?=^\s*\d+[a-z]?\.\s|\Z)",
+                           re.I | re.M | re.S)
+_QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
+# Otherwise (tau2's first banking tasks, one role-play prompt): its first sentence that says what the customer wants.
+_WANTS = re.compile(r"\blooking for\b|\bstart by saying\b|\byou want to\b", re.I)
+_FIRST_PERSON = [(r"\byou're\b", "I'm"), (r"\byou are\b", "I am"), (r"\byou've\b", "I've"), (r"\byou'll\b", "I'll"),
+                 (r"\byourself\b", "myself"), (r"\byours\b", "mine"), (r"\byour\b", "my"), (r"^you\b", "I"),
+                 (r"\byou\b", "me")]
+
+
+def scripted_opening(instructions: dict[str, Any] | str) -> str:
+    """The scripted user's first message, the customer's words, never the role-play prompt. Structured instructions:
+    `reason_for_call` then `known_info`. Free text (banking_knowledge): the first quoted passage of the step that
+    scripts the opening (`_OPENING_STEP`); else its first sentence saying what the customer is looking for or wants,
+    in the first person (your -> my, you're -> I'm, you -> I at the start and me elsewhere; parentheses, which hold
+    directions to the role player, dropped); else nothing (the user then says "Hi, I need some help."). The user stop
+    tokens the instructions quote are dropped (the episode would end at the first message).
+
+    >>> scripted_opening('You play a customer. You are looking for a card (say "card") for your trips.')
+    'I am looking for a card for my trips.'
+    """
+    if isinstance(instructions, dict):
+        parts = [instructions.get("reason_for_call"), instructions.get("known_info")]
+        return " ".join(p.strip() for p in parts if p)
+    text = str(instructions)
+    step = _OPENING_STEP.search(text)
+    quoted = _QUOTED.search(step.group(1)) if step else None
+    if quoted:
+        opening = quoted.group(1) or quoted.group(2)
+    else:
+        sentences = re.split(r"(?<=[.!?])\s+|\n+", text)
+        opening = next((_first_person(s) for s in sentences if _WANTS.search(s)), "")
+    for token in USER_STOP_TOKENS:
+        opening = opening.replace(token, "")
+    return " ".join(opening.split())
+
+
+def _first_person(sentence: str) -> str:
+    """A sentence of a role-play prompt as the customer says it (see `scripted_opening`)."""
+    sentence = re.sub(r"^\W*(?:start by saying\s+)?", "", sentence, flags=re.I)
+    sentence = re.sub(r"\s*\([^)]*\)", "", sentence)
+    for pattern, replacement in _FIRST_PERSON:
+        sentence = re.sub(pattern, replacement, sentence, flags=re.I)
+    return sentence[:1].upper() + sentence[1:]
 
 
 class ReplayUserPolicy:
