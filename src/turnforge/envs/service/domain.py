@@ -62,7 +62,8 @@ class DomainKind:
 
 @dataclass
 class Gold:
-    """A task's gold state, and for each gold write action of the agent the records it changed (partial score)."""
+    """A task's gold state, and for each gold write action the records it changed (partial score): every write of the
+    agent, and each write of the user that changed records of the agent's DB (banking's user shares it)."""
 
     state: EpisodeState
     write_records: list[dict[str, set[str]]]
@@ -137,7 +138,7 @@ class Domain:
     def _make_gold(self, task: dict) -> Gold:
         state = self.new_state(task)
         db = state.db
-        kinds = self.tool_kinds()
+        kinds = {"assistant": self.tool_kinds(), "user": self.kind.user.toolkit.tool_kinds() if self.kind.user else {}}
         records, errors = [], []
         for action in (task.get("evaluation_criteria") or {}).get("actions") or []:
             side = action.get("requestor", "assistant")
@@ -149,12 +150,14 @@ class Domain:
                 continue
             if result.error:
                 errors.append(f"{action['name']}: {result.content}")
-            if side == "assistant" and kinds.get(action["name"]) == ToolKind.WRITE:
+            if kinds.get(side, {}).get(action["name"]) == ToolKind.WRITE:
                 changed = {
                     n: {k for k in keys if db.record_json(n, k) != before.get(n, {}).get(k, db.shared.record_json(n, k))}
                     for n, keys in db.touched().items()
                 }
-                records.append({n: ks for n, ks in changed.items() if ks})
+                changed = {n: ks for n, ks in changed.items() if ks}
+                if side == "assistant" or changed:  # a user's write on its own device (telecom) changes no record here
+                    records.append(changed)
         return Gold(state=state, write_records=records, errors=errors)
 
     def split_ids(self, split: str) -> list[str]:

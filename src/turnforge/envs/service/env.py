@@ -263,8 +263,9 @@ class ServiceEnv:
         return ENV_ASSERTION in (criteria.get("reward_basis") or []) and bool(criteria.get("env_assertions"))
 
     def _progress(self) -> float:
-        """Fraction of the gold write actions whose changed records already equal the gold ones; for a task graded
-        on env assertions (telecom), the fraction of its assertions already met."""
+        """Fraction of the gold write actions (either side's) whose changed records already equal the gold ones; for a
+        task graded on env assertions (telecom), the fraction of its assertions already met. The score's progress of
+        a solved episode is 1.0 (`_grade`)."""
         if self._assertion_progress():
             assertions = self.spec["evaluation_criteria"]["env_assertions"]
             return sum(map(self.state.assertion_met, assertions)) / len(assertions)
@@ -300,7 +301,9 @@ class ServiceEnv:
         success = termination in GRADED_ENDINGS and abs(reward - 1.0) < 1e-6
         if not success and not details["user_faults"] and "judge" in self.clients:
             self._review_user(details)
-        return Score(success=success, reward=reward, progress=self.progress, details=details)
+        # A solved episode reached every subgoal: its partial score cannot say less (a task whose gold writes nothing
+        # has no subgoal to count, and progress stayed 0.0 on solved episodes of it: issue 60).
+        return Score(success=success, reward=reward, progress=1.0 if success else self.progress, details=details)
 
     def _user_faults(self, termination: str, gold: Gold) -> list[str]:
         """What the user side did wrong (user_faults.py), from the scenario it was given."""
