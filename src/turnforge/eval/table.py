@@ -1,4 +1,5 @@
-"""The evaluation summary as rich tables: overall, pass@k / pass^k, stop reasons, per category."""
+"""The evaluation summary as rich tables: overall (with the do-nothing floor where the env gives one), pass@k /
+pass^k, stop reasons, per category."""
 
 from __future__ import annotations
 
@@ -10,12 +11,27 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def do_nothing_floor(summary: dict) -> float | None:
+    """The success an agent that does nothing would get on the evaluated episodes, where the env computes it (its
+    env_metrics' `do_nothing_floor`: the service env's, per domain and over "all"); None elsewhere.
+
+    >>> do_nothing_floor({"env_metrics": {"airline": {"do_nothing_floor": 0.5}}})
+    0.5
+    """
+    figures = summary.get("env_metrics") or {}
+    entry = figures.get("all") if "all" in figures else next(iter(figures.values())) if len(figures) == 1 else None
+    return entry.get("do_nothing_floor") if isinstance(entry, dict) else None
+
+
 def _overall(summary: dict) -> Table:
     lo, hi = summary["success_ci"]
     table = Table(title=f"{summary['policy']} on {summary['env']} / {summary['split']}", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("success", f"{_pct(summary['success'])}  (95% CI {_pct(lo)}–{_pct(hi)})")
+    floor = do_nothing_floor(summary)
+    if floor is not None:  # what the same tasks give an agent that does nothing: the score to beat
+        table.add_row("do-nothing floor", _pct(floor))
     table.add_row(
         "tasks × samples", f"{summary['n_tasks']} × {summary['samples_per_task']} = {summary['n_episodes']}"
     )

@@ -35,7 +35,7 @@ class DistillStageConfig(TrainStage, TaskFilter, DistillSettings):
     """`kind = "distill"`: the student (`model`) plays, the teacher scores its tokens, loss = reverse KL per token."""
 
     kind: Literal["distill"] = "distill"
-    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"divergence", "gkd_beta"})
+    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"divergence", "gkd_beta", "max_staleness"})
     name: str = Field(default="distill", pattern=STAGE_NAME)
     teacher: str = Field(min_length=1)
     """An earlier training stage of the recipe (its model, in-process), or a policy spec that scores tokens:

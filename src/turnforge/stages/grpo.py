@@ -46,7 +46,7 @@ class TaskFilter(PlaysEnv):
 class GRPOStageBase(TrainStage, TaskFilter, GRPOSettings):
     """What grpo and envtune share: a task filter and `turnforge.train.settings.GRPOSettings`'s fields."""
 
-    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"stop"})
+    HASHED_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"stop", "max_staleness"})  # added after runs were made
 
 
 class GRPOStageConfig(GRPOStageBase):

@@ -94,6 +94,7 @@ class DistillSettings(GRPOSettings):
              "0 with divergence \"gkd\" (the env reward mixes into the sampled form's advantages only)"),
             ("step_advantage_weight", self.step_advantage_weight == 0, "0: distill gives every token its own term"),
             ("dynamic_sampling", not self.dynamic_sampling, "false: every episode carries the teacher's signal"),
+            ("max_staleness", self.max_staleness == 0, "0: distillation plays its episodes synchronously"),
         ]
 
 

@@ -68,6 +68,17 @@ def agent_system_prompt(policy: str) -> str:
     return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
 
 
+def do_nothing_wins(domain: Domain, task: dict) -> bool:
+    """Whether an agent that does nothing wins `task`: tau2's verdict on the task's initial state after a conversation
+    of the greeting alone, ended by the user (the scripted user acts only when asked, so neither side changes
+    anything); NL assertions are not judged, as without a judge. The home of the do-nothing floor an evaluation
+    reports beside its success (each graded episode's `do_nothing_wins`; env_metrics `do_nothing_floor`)."""
+    state = domain.new_state(task)
+    verdict = evaluate(task, [Message("assistant", GREETING)], "user_stop", state, domain.gold(task["id"]).state,
+                       assertion=state.assertion_met)
+    return abs(verdict["reward"] - 1.0) < 1e-6
+
+
 class ServiceEnv:
     """One tau2-style episode at a time. `make_env("service", domain="retail", data_dir=PATH)`."""
 
@@ -298,6 +309,7 @@ class ServiceEnv:
         }
         if gold.errors:
             details["gold_errors"] = gold.errors
+        details["do_nothing_wins"] = do_nothing_wins(self.domain, self.spec)
         success = termination in GRADED_ENDINGS and abs(reward - 1.0) < 1e-6
         if not success and not details["user_faults"] and "judge" in self.clients:
             self._review_user(details)

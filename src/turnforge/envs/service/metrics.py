@@ -2,9 +2,10 @@
 
 For each domain (Task.category) and overall: pass^k and pass@k for k = 1..samples (tau2's pass^k averaged over
 tasks), mean reward, tau2 termination reasons, tool-error rate (errors / tool calls), user and agent token
-counts, user-side failures, how many episodes had an NL_ASSERTION component left unevaluated (no judge), and
+counts, user-side failures, how many episodes had an NL_ASSERTION component left unevaluated (no judge),
 `user_faults`: how many failed episodes show a user-side fault (user_faults.py), their share, and the count of
-each fault among them.
+each fault among them, and `do_nothing_floor`: the success an agent that does nothing would get on the same
+episodes' tasks (env.py `do_nothing_wins`), which the eval tables show beside the success.
 """
 
 from __future__ import annotations
@@ -52,7 +53,17 @@ def _figures(trajectories: list[Trajectory]) -> dict:
         # this is the success rate of the episodes whose every reward_basis component was evaluated
         "success_fully_evaluated": mean([float(t.score.success) for t, d in zip(trajectories, details, strict=True)
                                          if d.get("nl_assertion_evaluated") is not False]),
+        "do_nothing_floor": do_nothing_floor(trajectories),
     }
+
+
+def do_nothing_floor(trajectories: list[Trajectory]) -> float | None:
+    """The share of the episodes whose task an agent that does nothing wins (`details["do_nothing_wins"]`, an env
+    error's episode aside); None when a graded episode lacks it (graded before issue 60)."""
+    graded = [t.score.details.get("do_nothing_wins") for t in trajectories if t.stop_reason is not StopReason.env_error]
+    if not graded or None in graded:
+        return None
+    return sum(map(float, graded)) / len(graded)
 
 
 def user_fault_figures(trajectories: list[Trajectory]) -> dict:
