@@ -171,3 +171,16 @@ def test_the_readme_results_block_is_filled_from_the_run(quickstart_run, tmp_pat
     readme.write_text("no block here\n")
     result = CliRunner().invoke(app, ["report", str(out), "--readme", str(readme)])
     assert result.exit_code != 0 and "has no <!-- turnforge results: begin -->" in result.output
+
+
+def test_compare_shows_the_do_nothing_floor_where_the_env_computes_it():
+    from turnforge.report import comparison_rows
+
+    def summary(floor):
+        return {"success": 0.5, "success_ci": [0.3, 0.7], "pass@k": {}, "pass^k": {}, "mean_reward": 0.5,
+                "mean_progress": 0.5, "mean_turns": 3, "n_episodes": 4, "by_category": {},
+                "env_metrics": {"retail": {"do_nothing_floor": floor}} if floor is not None else {}}
+
+    rows = {row.label: row.values for row in comparison_rows({"a": summary(0.25), "b": summary(0.25)})}
+    assert rows["do-nothing floor"] == [0.25, 0.25]
+    assert "do-nothing floor" not in {row.label for row in comparison_rows({"a": summary(None)})}

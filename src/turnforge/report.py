@@ -30,6 +30,7 @@ from rich.table import Table
 
 from turnforge.eval.curves import stage_curves
 from turnforge.eval.metrics import summarize
+from turnforge.eval.table import do_nothing_floor
 from turnforge.rundir import (
     EPISODES_FILE,
     RunFiles,
@@ -64,6 +65,9 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[Row]:
     rows = [
         Row("success (95% CI)", [s["success"] for s in runs], intervals=[s.get("success_ci") for s in runs]),
     ]
+    floors = [do_nothing_floor(s) for s in runs]
+    if any(f is not None for f in floors):  # the service env's: what the same tasks give an agent that does nothing
+        rows.append(Row("do-nothing floor", floors))
     for key in ("pass@k", "pass^k"):
         ks = sorted({k for s in runs for k in s[key]}, key=int)
         rows += [Row(f"{key.replace('k', k)}", [s[key].get(k) for s in runs]) for k in ks if k != "1"]
