@@ -221,3 +221,12 @@ def test_async_keeps_dynamic_sampling_step_credit_kl_lora_and_accumulation(house
     batches = _lines(tmp_path / "rollouts.jsonl")
     assert all(b["episodes"] == 8 and "replaced_groups" in b for b in batches)
     assert (tmp_path / "model" / "adapter_config.json").exists() or (tmp_path / "model" / "config.json").exists()
+
+
+def test_max_staleness_settings_are_checked():
+    with pytest.raises(ValueError, match="max_staleness"):
+        GRPOSettings(max_staleness=-1)
+    with pytest.raises(ValueError, match="max_staleness.*use_vllm"):
+        GRPOSettings(max_staleness=1, use_vllm=True)
+    assert GRPOSettings(max_staleness=1).trl_kwargs()["vllm_importance_sampling_mode"] == "token_truncate"
+    assert "vllm_importance_sampling_mode" not in GRPOSettings().trl_kwargs()  # k = 0: TRL's config as before
