@@ -230,3 +230,17 @@ def test_max_staleness_settings_are_checked():
         GRPOSettings(max_staleness=1, use_vllm=True)
     assert GRPOSettings(max_staleness=1).trl_kwargs()["vllm_importance_sampling_mode"] == "token_truncate"
     assert "vllm_importance_sampling_mode" not in GRPOSettings().trl_kwargs()  # k = 0: TRL's config as before
+
+
+def test_importance_weights_by_hand():
+    """The examples in `off_policy.importance_weights` (token modes), and a sequence mode: the episode's ratio is the
+    product over its learned tokens, exp(log 5 - log 5) = 1 here, so nothing is masked."""
+    import doctest
+
+    from turnforge.train import off_policy
+
+    assert doctest.testmod(off_policy).failed == 0 and doctest.testmod(off_policy).attempted >= 1
+    current = torch.log(torch.tensor([[0.5, 0.5, 0.1]]))
+    behaviour = torch.log(torch.tensor([[0.5, 0.1, 0.5]]))
+    weights, stats = off_policy.importance_weights(current, behaviour, torch.tensor([[1, 1, 1]]), "sequence_mask", None, 3.0)
+    assert weights.shape == (1, 1) and weights.item() == pytest.approx(1.0) and stats.corrected_share == 0.0
