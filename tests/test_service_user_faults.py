@@ -52,9 +52,14 @@ def test_stopping_with_the_goal_unmet_is_an_early_stop_unless_the_agent_transfer
 
 
 def test_a_device_action_never_performed_and_a_user_tool_error():
-    asked = [HELLO, Message("user", "No data on my phone."), Message("assistant", "Please turn mobile data on."),
+    asked = [HELLO, Message("user", "No data on my phone."), Message("assistant", "Please toggle data on."),
              Message("user", "Done! ###STOP###")]
     assert _faults(asked, gold=[TOGGLE, REFUEL]) == ["missed_device_action"]  # said it, never called the tool
+    # never asked in the rule's words (`users.asks_for`: the tool named): the agent's failure, or the judge's to say
+    in_other_words = [*asked[:2], Message("assistant", "Please turn mobile data on."), asked[3]]
+    assert _faults(in_other_words, gold=[TOGGLE, REFUEL]) == []
+    assert _faults([*asked[:2], Message("assistant", "Sorry, I can't help with that."), asked[3]],
+                   gold=[TOGGLE, REFUEL]) == []
     # the agent gave up (or ran out of errors) without the user ending anything: not the user's fault
     assert _faults(asked[:3], termination="agent_stop", gold=[TOGGLE, REFUEL]) == []
     assert _faults(asked[:3], termination="too_many_errors", gold=[TOGGLE, REFUEL]) == []

@@ -43,7 +43,6 @@ from rich.console import Console
 
 from turnforge.card import write_final_card
 from turnforge.envs.base import check_task_count
-from turnforge.eval.table import do_nothing_floor
 from turnforge.launch import is_main_process, launched, main_process_result, wait_for_everyone
 from turnforge.machine import machine_info
 from turnforge.recipes import Recipe, load_recipe
@@ -330,14 +329,10 @@ def _warn_foreign_folders(plans: list[StagePlan], out: Path, console: Console) -
 
 
 def print_comparison(summary: dict[str, Any], console: Console | None = None) -> None:
-    """The run's evaluations side by side (base vs sft ...), when it has any, with each one's do-nothing floor
-    below where its env computes one (the service env)."""
+    """The run's evaluations side by side (base vs sft ...), when it has any; a row gives each one's do-nothing
+    floor where its env computes one (the service env; `report.comparison_rows`)."""
     if summary["eval"]:
         table = comparison_table(summary["eval"], title=f"{summary['recipe']}: evaluation")
-        floors = {name: do_nothing_floor(s) for name, s in summary["eval"].items()}
-        if any(f is not None for f in floors.values()):
-            table.caption = "do-nothing floor (same tasks): " + ", ".join(
-                f"{name} {'–' if f is None else f'{100 * f:.1f}%'}" for name, f in floors.items())
         (console or Console()).print(table)
 
 

@@ -11,8 +11,10 @@ over the failed episodes of each domain (metrics.py). The rules, checked against
                           digits) found neither in its scenario nor earlier in the conversation: tau2's guidelines
                           forbid making up information
     missed_device_action  the user ended the conversation while a gold action it must perform on its device
-                          (requestor "user") never happened (tau2's user acts on its phone when the agent asks: an
-                          agent that never asked and gave up is not the user's fault)
+                          (requestor "user") that the agent asked for never happened (tau2's user acts on its phone
+                          when the agent asks: an agent that never asked is not the user's fault). "Asked" is the
+                          scripted user's rule (`users.asks_for`: the message names the tool and its arguments); a
+                          request in other words is left to the judge (`judged_user_fault`)
     early_stop            the user ended the conversation (###STOP###, ###OUT-OF-SCOPE###, or ###TRANSFER### with no
                           call of the agent's transfer tool) while the task's gold writes or assertions were still unmet: tau2's
                           guidelines allow ###STOP### only once the goal is satisfied
@@ -30,7 +32,7 @@ import json
 import re
 from typing import Any
 
-from turnforge.envs.service.users import OUT_OF_SCOPE, STOP, TRANSFER
+from turnforge.envs.service.users import OUT_OF_SCOPE, STOP, TRANSFER, asks_for
 from turnforge.types import Message
 
 USER_FAULTS = ("protocol_break", "user_tool_error", "unfounded_fact", "missed_device_action", "early_stop",
@@ -69,7 +71,9 @@ def user_faults(
     if unfounded_facts(scenario, conversation):
         faults.append("unfounded_fact")
     done = {c.name for m in said for c in (m.tool_calls or [])}
-    if termination == "user_stop" and any(a.get("requestor") == "user" and a.get("name") not in done for a in gold_actions):
+    asked = [m.content for m in conversation if m.role == "assistant" and m.content]
+    if termination == "user_stop" and any(a.get("requestor") == "user" and a.get("name") not in done
+                                          and any(asks_for(text, a) for text in asked) for a in gold_actions):
         faults.append("missed_device_action")
     if termination == "user_stop" and goal_pending and not _transferred(said, history):
         faults.append("early_stop")
