@@ -50,6 +50,7 @@ from turnforge.policies.engine import forwards_paused
 from turnforge.policies.hf import HFPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.train.grpo_rollouts import EpisodeRollouts, Group, rollout_policy
+from turnforge.train.trl_internals import drop_patched_forwards
 from turnforge.types import Task
 
 
@@ -65,8 +66,7 @@ def generator_copy(model: torch.nn.Module) -> torch.nn.Module:
         # The forwards patched onto the trained model's instance (TRL's fused LM head, accelerate's autocast wrapper)
         # are closures over the TRAINED model: copied, they would run its weights (in training mode). The copy runs
         # its class's forward, in its own dtype (as `grpo_rollouts.own_precision` on a CPU).
-        for name in ("forward", "_original_forward"):
-            module.__dict__.pop(name, None)
+        drop_patched_forwards(module)
     return generator
 
 

@@ -144,8 +144,7 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
         keep = batch["completion_ids"].shape[1]
         current = batch.get("old_per_token_logps")
         if current is None:  # the proximal policy: the trained weights before this step's update
-            with torch.no_grad():
-                current, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, mask, keep)
+            current = self.token_logps(self.model, ids, mask, keep)
         learned = batch["completion_mask"] * batch.get("tool_mask", 1)
         weights, stats = importance_weights(current, batch["sampling_per_token_logps"], learned,
                                             self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,

@@ -68,6 +68,12 @@ class GRPOTrainerHooks(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **media)
         return (*scored, None)  # TRL's third output: the auxiliary (router) loss
 
+    def token_logps(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    logits_to_keep: int) -> torch.Tensor:
+        """The log-probabilities of the last `logits_to_keep` positions, as the loss scores them (no gradient)."""
+        with torch.no_grad():
+            return self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep)[0]
+
     def off_policy_weights(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """Per-token importance weights (B, T) for a batch sampled by other weights than the trained ones, or None
         (on-policy: TRL's loss unchanged). They multiply the advantages: TRL's token loss -min(r A, clip(r) A) times a
@@ -131,6 +137,13 @@ def autocast_wrapped_forward(model) -> Any | None:
     """The forward accelerate wrapped in autocast when it prepared `model` for mixed precision (it keeps it in
     `_original_forward`), or None for a model it has not wrapped."""
     return model.__dict__.get("_original_forward")
+
+
+def drop_patched_forwards(module: torch.nn.Module) -> None:
+    """Remove the forwards patched onto a module instance (TRL's fused LM head's `forward`, accelerate's autocast
+    wrapper and its `_original_forward`): on a copy of a trained model they are closures over the original."""
+    for name in ("forward", "_original_forward"):
+        module.__dict__.pop(name, None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
