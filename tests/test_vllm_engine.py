@@ -153,7 +153,57 @@ def test_turnforge_eval_policy_vllm_runs_in_process(tiny_model_dir, tmp_path, vl
                           "--model", str(tiny_model_dir), "--tasks", "2", "--max-turns", "3", "--temperature", "0",
                           "--max-new-tokens", "12", "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
+    # quiet without --verbose (issue 60: 54 lines of vLLM's logs, its loading bar, torch's C++ and deprecation
+    # warnings), but for vLLM's own import-time line in each engine process, printed before any logging is set up
+    said = [line for line in (run.stdout + run.stderr).splitlines() if line.strip() and not line.startswith(
+        ("Triton is installed, but doesn't include CPU backend", "wrote ", "episodes "))]
+    assert not [line for line in said if not line.startswith(TABLE)], said
     cli = [Trajectory.from_json(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     options = {"format": "act_line"}
     ours = play(vllm_policy, "household", options, 2, GREEDY, max_turns=3)
     assert_same_episodes(sorted(cli, key=lambda e: e.key), ours)
+
+
+TABLE = tuple("┌│├└┏┃┡┗ ┳╇")
+"""The first characters of the lines of the eval's summary tables (rich's box drawing, titles indented)."""
+
+QUIET_CHILD = """
+import multiprocessing
+import sys
+import warnings
+
+
+def engine_process():  # what vLLM's engine process does that prints: its logging, set up as the engine sets it up
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging, init_logger
+
+    configure_logging(LoggingConfig())
+    init_logger("vllm.v1.engine.core").info("INFO-LINE")
+    init_logger("vllm.v1.engine.core").warning("WARNING-LINE")
+    warnings.warn("DEPRECATED-LINE", FutureWarning)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "quiet":
+        from turnforge.cli import quiet_libraries
+
+        quiet_libraries()
+    process = multiprocessing.get_context("spawn").Process(target=engine_process)  # as vLLM starts it on a CPU
+    process.start()
+    process.join()
+"""
+
+
+def test_without_verbose_vllms_engine_processes_are_quiet(tmp_path):
+    """Issue 60: `turnforge eval --policy vllm` printed vLLM's INFO and WARNING lines and its engine-config dump,
+    though `--help` says library logs show only with `--verbose`. vLLM's engine runs in spawned processes: what the
+    CLI sets without --verbose (`quiet_libraries`) reaches them, its logs and the deprecation warnings alike; with
+    --verbose (nothing set) they show. The whole command: test_turnforge_eval_policy_vllm_runs_in_process (slow)."""
+    script = tmp_path / "engine.py"
+    script.write_text(QUIET_CHILD)
+    runs = {mode: subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300,
+                                 cwd=tmp_path) for mode in ("verbose", "quiet")}
+    loud = runs["verbose"].stdout + runs["verbose"].stderr
+    quiet = runs["quiet"].stdout + runs["quiet"].stderr
+    assert all(x in loud for x in ("INFO-LINE", "WARNING-LINE", "DEPRECATED-LINE")), loud
+    assert not any(x in quiet for x in ("INFO-LINE", "WARNING-LINE", "DEPRECATED-LINE")), quiet

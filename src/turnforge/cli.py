@@ -115,9 +115,11 @@ def quiet_libraries() -> None:
     warnings and progress still show. `--verbose` keeps everything.
 
     Called before any of those libraries is imported (the commands import them), so the environment variables they
-    read once at import take effect."""
+    read once at import take effect. vLLM's engine runs in spawned processes: they inherit the environment, and the
+    warning filters through `sys.warnoptions`, which multiprocessing passes to them as `-W` options."""
     import logging
     import os
+    import sys
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -126,11 +128,17 @@ def quiet_libraries() -> None:
     # news for whoever upgrades the library, not for the user of the run. turnforge raises none of these kinds.
     for deprecation in (FutureWarning, DeprecationWarning, PendingDeprecationWarning):
         warnings.filterwarnings("ignore", category=deprecation)
+        if f"ignore::{deprecation.__name__}" not in sys.warnoptions:
+            sys.warnoptions.append(f"ignore::{deprecation.__name__}")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading and saving bars read it
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    for name in ("sqlglot", "transformers", "datasets", "huggingface_hub", "accelerate", "peft", "trl", "httpx"):
+    # vLLM configures its logger from this as its engine starts, here and in the engine's processes: its INFO and
+    # WARNING lines and engine-config dump (54 lines at a `--policy vllm` start); its loading bar: policies/vllm.py.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's C++ warnings ("[W ... utils.cpp] NUMA binding")
+    for name in ("sqlglot", "transformers", "datasets", "huggingface_hub", "accelerate", "peft", "trl", "httpx", "vllm"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 

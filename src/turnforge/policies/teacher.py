@@ -113,12 +113,12 @@ class VLLMTeacher:
 
     def __init__(self, path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
                  **engine_options: Any) -> None:
-        from turnforge.policies.vllm import engine_dtype, engine_memory, import_vllm
+        from turnforge.policies.vllm import engine_dtype, engine_memory, import_vllm, load_progress
 
         vllm = import_vllm()
         self.name = f"vllm:{path}"
         self.llm = vllm.LLM(model=path, dtype=engine_dtype(dtype), enable_prefix_caching=True,
-                            **engine_memory(gpu_memory_utilization, engine_options))
+                            **engine_memory(gpu_memory_utilization, load_progress(engine_options)))
         self.tokenizer = self.llm.get_tokenizer()
 
     @classmethod

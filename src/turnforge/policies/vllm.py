@@ -75,7 +75,7 @@ class VLLMPolicy:
         vllm = import_vllm()
         options: dict[str, Any] = dict(
             model=str(model), dtype=engine_dtype(dtype), enable_prefix_caching=True, max_model_len=max_model_len, seed=seed,
-            logprobs_mode="processed_logprobs", **engine_memory(gpu_memory_utilization, engine_options),
+            logprobs_mode="processed_logprobs", **engine_memory(gpu_memory_utilization, load_progress(engine_options)),
         )
         if adapter is not None:
             options |= {"enable_lora": True, "max_lora_rank": engine_options.get("max_lora_rank", 64)}
@@ -141,6 +141,15 @@ def engine_memory(gpu_memory_utilization: float, engine_options: dict[str, Any])
     if current_platform.is_cpu():
         return {"kv_cache_memory_bytes": CPU_KV_CACHE, **engine_options}
     return {"gpu_memory_utilization": gpu_memory_utilization, **engine_options}
+
+
+def load_progress(engine_options: dict[str, Any]) -> dict[str, Any]:
+    """`engine_options` with vLLM's weight-loading bar ("Loading safetensors checkpoint shards") shown as the Hugging
+    Face loading bars are: not when they are off (HF_HUB_DISABLE_PROGRESS_BARS, which `turnforge` sets without
+    `--verbose`), unless the options say (`use_tqdm_on_load`)."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    return {"use_tqdm_on_load": not are_progress_bars_disabled(), **engine_options}
 
 
 def engine_dtype(dtype: str) -> str:
