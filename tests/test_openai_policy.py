@@ -158,7 +158,7 @@ def test_malformed_json_is_retried_then_reported(serve_script):
     _, url = serve_script(("malformed",), ("ok", completion()))
     assert _policy(url).generate([_prompt()], SamplingParams())[0].text == "ACTION: look"
     _, broken = serve_script(("malformed",))
-    with pytest.raises(BackendError, match="returned a malformed chat completion after 2 attempts"):
+    with pytest.raises(BackendError, match="returned a malformed completion after 2 attempts"):
         _policy(broken, max_retries=1).generate([_prompt()], SamplingParams())
 
 
@@ -305,3 +305,55 @@ def test_eval_sampling_flags_reach_the_server_and_summary_and_greedy_samples_war
     with pytest.warns(UserWarning, match="2 identical episodes per task"):
         run_eval("household", {}, f"openai:{url}#m", "test", 1, 2, 0, tmp_path / "greedy",
                  limits=RolloutLimits(max_turns=1), params=SamplingParams(temperature=0.0), policy_options=FAST)
+
+
+def text_completion(ids: list[int]) -> dict:
+    """vLLM's `/v1/completions` answer with `return_token_ids` and `logprobs` 0 (its text is not read)."""
+    return {"id": "x", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": "(not read)", "token_ids": ids, "finish_reason": "stop",
+                         "logprobs": {"tokens": [], "token_logprobs": [-0.5] * len(ids), "top_logprobs": []}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": len(ids), "total_tokens": 10 + len(ids)}}
+
+
+def test_a_tokenizer_sends_the_exact_prompt_ids_to_completions_and_cuts_replies_as_in_process(
+        serve_script, tiny_model_dir, tmp_path):
+    """Issue 60: through chat completions a server re-tokenizes the model's earlier replies from their text; with
+    `tokenizer` the policy renders the prompt here and sends its ids to `/v1/completions`, each turn's prompt the
+    last one's exact ids + the reply's ids + the observation's, and the reply's ids are cut at the first end-of-turn
+    id as the in-process backends cut theirs (`finish_generation`)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    said = tokenizer.encode("ACTION: look", add_special_tokens=False)
+    server, url = serve_script(("ok", text_completion([*said, tokenizer.eos_token_id, 7, 7])))
+    summary = run_eval("household", {}, f"openai:{url}#m", "test", 1, 1, 0, tmp_path,
+                       limits=RolloutLimits(max_turns=2), params=SamplingParams(temperature=0.0, top_k=4),
+                       policy_options=FAST | {"tokenizer": str(tiny_model_dir)})
+    assert summary["usage"]["requests"] == 2
+    (episode,) = [Trajectory.from_json(x) for x in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    first, second = server.requests
+    turn = episode.turns[0]
+    assert turn.generated_ids == [*said, tokenizer.eos_token_id] and turn.text == "ACTION: look"
+    assert turn.logprobs == [-0.5] * len(turn.generated_ids)
+    assert first["prompt"] == episode.prompt_ids and "messages" not in first
+    assert second["prompt"] == episode.prompt_ids + turn.generated_ids + turn.observation_ids
+    assert (first["temperature"], first["logprobs"], first["top_k"]) == (0.0, 0, 4)
+    assert first["return_token_ids"] and first["skip_special_tokens"] is False
+    assert tokenizer.eos_token_id in first["stop_token_ids"]
+
+
+def test_a_tokenizer_needs_a_server_that_returns_token_ids(serve_script, tiny_model_dir):
+    body = text_completion([5])
+    del body["choices"][0]["token_ids"]
+    _, url = serve_script(("ok", body))
+    policy = _policy(url, tokenizer=str(tiny_model_dir))
+    with pytest.raises(BackendError, match="returned no token ids for a token-id prompt"):
+        policy.generate([_prompt()], SamplingParams())
+
+
+def test_tokenizer_is_refused_for_other_policies_and_a_missing_folder(tmp_path):
+    result = CliRunner().invoke(app, ["eval", "--env", "household", "--policy", "expert", "--tokenizer", "x",
+                                      "--out", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "--tokenizer is for server policies (openai:URL), not 'expert'" in result.output
+    with pytest.raises(FileNotFoundError, match="nothere does not exist"):
+        make_policy("openai:http://127.0.0.1:9/v1#m", tokenizer=str(tmp_path / "nothere"))

@@ -137,6 +137,29 @@ def test_openai_policy_on_vllm_serve_plays_the_in_process_vllm_episodes(vllm_url
         assert a.turns[0].logprobs == pytest.approx(b.turns[0].logprobs, abs=LOGPROB_TOL)
 
 
+def test_with_a_tokenizer_vllm_serve_plays_hfs_greedy_episodes_token_for_token(vllm_url, tiny_model_dir, tmp_path):
+    """Issue 60: `--tokenizer` renders the prompts here and sends their ids to `/v1/completions`, so vLLM's server
+    reads the ids the model wrote, not their text re-tokenized (through chat completions 0 of 10 greedy episodes
+    equalled hf's from turn 2): the episodes are hf's, prompt and observation ids included, with whole replies
+    (the default max_new_tokens) and log-probabilities within `LOGPROB_TOL` on every turn."""
+    params = SamplingParams(temperature=0.0)
+    limits = RolloutLimits(max_turns=4)
+    http = run_eval(env="household", env_options={}, policy_spec=f"openai:{vllm_url}#tiny", split="test", n_tasks=6,
+                    samples=1, seed=0, out_dir=tmp_path / "http", limits=limits, params=params,
+                    policy_options={"concurrency": 4, "tokenizer": str(tiny_model_dir)})
+    assert http["usage"]["completion_tokens"] == http["tokens_generated"] > 0
+    hf = run_eval(env="household", env_options={}, policy_spec="hf", model=str(tiny_model_dir), split="test", n_tasks=6,
+                  samples=1, seed=0, out_dir=tmp_path / "hf", limits=limits, params=params,
+                  policy_options={"device": "cpu", "dtype": "float32"})
+    assert hf["n_episodes"] == http["n_episodes"] == 6
+    theirs, ours = _episodes(tmp_path / "http"), _episodes(tmp_path / "hf")
+    assert_same_episodes(theirs, ours, logprob_tol=LOGPROB_TOL)
+    for a, b in zip(theirs, ours, strict=True):
+        assert a.prompt_ids == b.prompt_ids and len(a.prompt_ids) > 0, a.key
+        assert [t.observation_ids for t in a.turns] == [t.observation_ids for t in b.turns], a.key
+    assert max(len(e.turns) for e in theirs) > 1
+
+
 def test_the_openai_teacher_scores_on_vllm_serve_as_the_hf_teacher(vllm_url, tiny_model_dir):
     """Distillation's `openai:URL` teacher: vLLM's `prompt_logprobs` on `/v1/completions`, token ids in."""
     from transformers import AutoTokenizer

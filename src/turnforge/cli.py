@@ -297,6 +297,11 @@ def eval_command(
     api_key_env: Annotated[
         str | None, typer.Option(help="Environment variable holding the server's API key (default OPENAI_API_KEY).")
     ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="openai:URL: the served model's folder or Hub id; prompts are rendered here and "
+                                 "sent as token ids (/v1/completions, e.g. vllm serve), so episodes are token-exact, "
+                                 "as in process. Without it the server re-tokenizes earlier replies.")
+    ] = None,
     max_env_errors: Annotated[
         float, typer.Option(help="Share of episodes that may end in an env error before the command fails.")
     ] = 0.0,
@@ -324,8 +329,11 @@ def eval_command(
     if kind == "openai":
         policy_options = {"concurrency": concurrency, "api_key_env": api_key_env,
                           "request_timeout": request_timeout, "max_retries": max_retries}
-    elif api_key_env is not None:
-        raise ValueError(f"--api-key-env is for server policies (openai:URL), not {policy!r}")
+        if tokenizer is not None:  # only when given: run.json of an eval without it stays as it was
+            policy_options["tokenizer"] = tokenizer
+    elif api_key_env is not None or tokenizer is not None:
+        flag = "--api-key-env" if api_key_env is not None else "--tokenizer"
+        raise ValueError(f"{flag} is for server policies (openai:URL), not {policy!r}")
     summary = run_eval(
         env=env,
         env_options=parse_env_options(env_opt or []),

@@ -27,7 +27,7 @@ _SCRIPTED = ("expert", "random")
 MODEL_BACKENDS = ("hf", "vllm", "openai")
 # The openai backend's settings (`make_policy(**options)`).
 _OPENAI_OPTIONS = ("concurrency", "request_timeout", "max_retries", "backoff_s", "max_backoff_s", "api_key_env",
-                   "extensions")
+                   "extensions", "tokenizer")
 _USAGE = "expert, random, replay:FILE, hf[:PATH], vllm[:PATH] or openai:URL[#MODEL]"
 
 
@@ -73,8 +73,8 @@ def make_policy(spec: str, model: str | None = None, seed: int = 0, **options: A
 
     `model` is the checkpoint for the model backends when the spec does not name one (`--policy hf --model
     PATH`); `seed` drives `random` and the expert's noise; `options` are the model backend's own settings (hf:
-    device, dtype, window, batch_size, adapter; openai: concurrency, request_timeout, max_retries, api_key_env),
-    or the expert's `noise`.
+    device, dtype, window, batch_size, adapter; openai: concurrency, request_timeout, max_retries, api_key_env,
+    tokenizer), or the expert's `noise`.
     """
     parsed = PolicySpec.parse(spec)
     if parsed.kind == "expert":

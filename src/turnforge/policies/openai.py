@@ -16,6 +16,9 @@ How an episode becomes a request (docs/decisions.md, "The openai policy"):
 - Token ids and log-probabilities are kept where the server returns them: `logprobs=true` (standard), and
   vLLM's `return_token_ids` extension (also understood by `turnforge serve`). A server that refuses an
   extension parameter (HTTP 400 naming it) is asked again without the extensions, once, and never again.
+- With `tokenizer` (the served model's folder or Hub id, `--tokenizer`), prompts are rendered here and sent as
+  token ids to `/v1/completions` instead (policies/openai_tokens.py): the episodes are token-exact, a greedy one
+  through `vllm serve` the in-process engine's. Without it a server re-tokenizes the earlier replies from their text.
 
 Requests: `max_in_flight = concurrency`, so the rollout's queue (policies/queue.py) sends that many at once
 and `generate` gets one prompt per call; retries with exponential backoff (and the server's Retry-After) on
@@ -69,10 +72,11 @@ class Usage:
 
 
 class OpenAIPolicy:
-    """Generate through an OpenAI-compatible chat-completions endpoint (`openai:URL[#model]`)."""
+    """Generate through an OpenAI-compatible chat-completions endpoint (`openai:URL[#model]`), or with `tokenizer`
+    through its completions endpoint, token ids in and out (policies/openai_tokens.py)."""
 
     name = "openai"
-    renderer = None  # the server renders the chat template: episodes hold the server's token ids, if any
+    renderer = None  # without a tokenizer the server renders the chat template: episodes hold its reply ids, if any
 
     def __init__(
         self,
@@ -85,6 +89,7 @@ class OpenAIPolicy:
         max_backoff_s: float = 30.0,
         api_key_env: str | None = None,
         extensions: bool = True,
+        tokenizer: str | None = None,
     ):
         try:
             from openai import OpenAI  # the optional extra: imported only when asked for
@@ -106,6 +111,12 @@ class OpenAIPolicy:
         self.client = OpenAI(base_url=self.base_url, api_key=_api_key(api_key_env), timeout=request_timeout,
                              max_retries=0)
         self.model = model or self._only_model()
+        self.tokens = None
+        if tokenizer is not None:  # token mode: the prompts rendered here, as ids (policies/openai_tokens.py)
+            from turnforge.policies.openai_tokens import TokenPrompts
+
+            self.tokens = TokenPrompts(tokenizer)
+            self.renderer = self.tokens.renderer  # what makes the rollout build each prompt's exact ids
 
     # ---- the Policy contract -------------------------------------------------------------------------
 
@@ -116,6 +127,8 @@ class OpenAIPolicy:
     # ---- requests ------------------------------------------------------------------------------------
 
     def _complete(self, prompt: Prompt, params: SamplingParams) -> Generation:
+        if self.tokens is not None:
+            return self._complete_ids(prompt, params)
         tools = _uses_tools(prompt)
         body: dict[str, Any] = {
             "model": self.model,
@@ -136,6 +149,17 @@ class OpenAIPolicy:
         except _ContextRefused as e:  # the episode ends as an in-process backend's would (`refuse_overlong`)
             return refused_generation(str(e))
         return self._generation(data, prompt)
+
+    def _complete_ids(self, prompt: Prompt, params: SamplingParams) -> Generation:
+        """Token mode: the prompt's ids to `/v1/completions`, with vLLM's extensions (never dropped: without them the
+        reply is not the in-process one)."""
+        body = self.tokens.body(prompt, params, self.model, request_seed(params.seed, prompt))
+        try:
+            data = self._with_retries(functools.partial(self._create, body, self.tokens.extensions(params)))
+        except _ContextRefused as e:
+            return refused_generation(str(e))
+        self._count(data)
+        return self.tokens.generation(data["choices"][0], params, self.base_url)
 
     def _post(self, body: dict[str, Any], params: SamplingParams) -> dict[str, Any]:
         while True:
@@ -163,10 +187,12 @@ class OpenAIPolicy:
         return extra
 
     def _create(self, body: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-        raw = self.client.chat.completions.with_raw_response.create(**body, extra_body=extra or None)
+        """One request: a chat completion, or in token mode (a `prompt` of ids) a completion."""
+        endpoint = self.client.completions if "prompt" in body else self.client.chat.completions
+        raw = endpoint.with_raw_response.create(**body, extra_body=extra or None)
         try:
             data = json.loads(raw.http_response.text)
-            data["choices"][0]["message"]  # noqa: B018 — the shape every later line relies on
+            data["choices"][0]["text" if "prompt" in body else "message"]  # noqa: B018 — what later lines rely on
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise _Malformed(f"{type(e).__name__}: {e}") from None
         return data
@@ -215,7 +241,7 @@ class OpenAIPolicy:
             return BackendError(f"{url} did not answer within {self.client.timeout:g} s, {tries}; "
                                 "raise the request timeout or lower --concurrency")
         if isinstance(e, _Malformed):
-            return BackendError(f"{url} returned a malformed chat completion {tries} ({e}); "
+            return BackendError(f"{url} returned a malformed completion {tries} ({e}); "
                                 "is it an OpenAI-compatible /v1 endpoint?")
         return BackendError(f"no server at {url} ({_cause(e)}), {tries}; start one (turnforge serve --model M "
                             "--port 8000) or fix the URL in --policy openai:URL")
@@ -231,14 +257,18 @@ class OpenAIPolicy:
 
     # ---- the reply -----------------------------------------------------------------------------------
 
-    def _generation(self, data: dict[str, Any], prompt: Prompt) -> Generation:
-        choice = data["choices"][0]
-        message = choice["message"]
+    def _count(self, data: dict[str, Any]) -> None:
+        """Add an answered request's usage (as the server counted it) to `usage`."""
         usage = data.get("usage") or {}
         with self._lock:
             self.usage.requests += 1
             self.usage.prompt_tokens += int(usage.get("prompt_tokens") or 0)
             self.usage.completion_tokens += int(usage.get("completion_tokens") or 0)
+
+    def _generation(self, data: dict[str, Any], prompt: Prompt) -> Generation:
+        choice = data["choices"][0]
+        message = choice["message"]
+        self._count(data)
         text = message.get("content") or ""
         if message.get("tool_calls") and _uses_tools(prompt):
             text = prompt.env.format.render(_reply_message(text, message["tool_calls"]))
