@@ -14,6 +14,7 @@ same tokens agree within `LOGPROB_TOL` (measured: ~1e-5 on the tiny model, house
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -201,8 +202,10 @@ def test_without_verbose_vllms_engine_processes_are_quiet(tmp_path):
     --verbose (nothing set) they show. The whole command: test_turnforge_eval_policy_vllm_runs_in_process (slow)."""
     script = tmp_path / "engine.py"
     script.write_text(QUIET_CHILD)
+    # The CLI's quiet settings are environment variables: a CLI test earlier in this process (CliRunner) left them set.
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL")}
     runs = {mode: subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300,
-                                 cwd=tmp_path) for mode in ("verbose", "quiet")}
+                                 cwd=tmp_path, env=env) for mode in ("verbose", "quiet")}
     loud = runs["verbose"].stdout + runs["verbose"].stderr
     quiet = runs["quiet"].stdout + runs["quiet"].stderr
     assert all(x in loud for x in ("INFO-LINE", "WARNING-LINE", "DEPRECATED-LINE")), loud
