@@ -32,6 +32,7 @@ from pathlib import Path
 from turnforge.envs.base import load_tasks
 from turnforge.envs.household.env import HouseholdEnv
 from turnforge.machine import machine_info
+from turnforge.recipes import load_recipe
 from turnforge.tiny_model import build_tiny_model
 from turnforge.train.grpo import GRPOSettings, run_grpo
 
@@ -52,12 +53,19 @@ def long_tailed_waits(median_ms: float, sigma: float) -> None:
     HouseholdEnv.reset = drawn_reset
 
 
-def one_run(model: Path, k: int, seed: int, steps: int, out: Path) -> dict:
-    tasks = load_tasks("household", "train", limit=32, **{k_: v for k_, v in ENV.items() if k_ != "step_delay_ms"})
-    settings = GRPOSettings(steps=steps, tasks_per_step=2, num_generations=4, max_new_tokens=16, learning_rate=1e-3,
-                            seed=seed, max_staleness=k, rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0})
+# With a trained start model (`--model`, e.g. the quickstart's SFT model): the env it learnt, its episodes cut at 10
+# steps, and the quickstart's GRPO reward (success + 0.5 x subgoal progress), so that rewards differ within groups.
+TRAINED_ENV = {**load_recipe("quickstart").env_options(), "max_steps": 10, "step_delay_ms": 1}
+
+
+def one_run(model: Path, k: int, seed: int, steps: int, out: Path, trained: bool) -> dict:
+    env = TRAINED_ENV if trained else ENV
+    tasks = load_tasks("household", "train", limit=32, **{k_: v for k_, v in env.items() if k_ != "step_delay_ms"})
+    rewards = {"outcome": 1.0, "progress": 0.5} if trained else {"outcome": 1.0, "format": 1.0, "tool_call": 1.0}
+    settings = GRPOSettings(steps=steps, tasks_per_step=2, num_generations=4, max_new_tokens=48 if trained else 16,
+                            learning_rate=1e-4 if trained else 1e-3, seed=seed, max_staleness=k, rewards=rewards)
     started = time.perf_counter()
-    result = run_grpo(str(model), "household", ENV, tasks, out, settings)
+    result = run_grpo(str(model), "household", env, tasks, out, settings)
     wall = time.perf_counter() - started
     lines = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     waited = sum(x.get("trainer_wait_s", x["wall_s"]) for x in lines)
@@ -79,16 +87,18 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=1.5)
     parser.add_argument("--runs", default="0:0,0:1,1:0,2:0", help="k:seed pairs")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a start model trained on household (the quickstart's SFT model); default: the untrained tiny")
     args = parser.parse_args()
     long_tailed_waits(args.median_ms, args.sigma)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_tiny_model(Path(tmp) / "tiny")
+        model = args.model or build_tiny_model(Path(tmp) / "tiny")
         for pair in args.runs.split(","):
             k, seed = (int(x) for x in pair.split(":"))
-            rows.append(one_run(model, k, seed, args.steps, Path(tmp) / f"k{k}-s{seed}"))
+            rows.append(one_run(model, k, seed, args.steps, Path(tmp) / f"k{k}-s{seed}", args.model is not None))
             print(json.dumps(rows[-1]), flush=True)
-    report = {"machine": machine_info(), "env": ENV, "waits": {"median_ms": args.median_ms, "sigma": args.sigma},
+    report = {"machine": machine_info(), "env": TRAINED_ENV if args.model else ENV, "model": str(args.model), "waits": {"median_ms": args.median_ms, "sigma": args.sigma},
               "rows": rows}
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
