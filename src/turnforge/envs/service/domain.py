@@ -85,6 +85,7 @@ class Domain:
     user_db: BaseModel | None = None
     _gold: dict[str, Gold] = field(default_factory=dict)
     _bases: dict[str, SharedDB] = field(default_factory=dict)
+    _do_nothing: dict[str, bool] = field(default_factory=dict)  # env.do_nothing_wins, once per task
     _lock: threading.RLock = field(default_factory=threading.RLock)  # re-entered: a gold state builds a task's base
 
     @property

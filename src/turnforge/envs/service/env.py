@@ -72,11 +72,15 @@ def do_nothing_wins(domain: Domain, task: dict) -> bool:
     """Whether an agent that does nothing wins `task`: tau2's verdict on the task's initial state after a conversation
     of the greeting alone, ended by the user (the scripted user acts only when asked, so neither side changes
     anything); NL assertions are not judged, as without a judge. The home of the do-nothing floor an evaluation
-    reports beside its success (each graded episode's `do_nothing_wins`; env_metrics `do_nothing_floor`)."""
-    state = domain.new_state(task)
-    verdict = evaluate(task, [Message("assistant", GREETING)], "user_stop", state, domain.gold(task["id"]).state,
-                       assertion=state.assertion_met)
-    return abs(verdict["reward"] - 1.0) < 1e-6
+    reports beside its success (each graded episode's `do_nothing_wins`; env_metrics `do_nothing_floor`). Computed
+    once per task (every sample's grading asks)."""
+    with domain._lock:
+        if task["id"] not in domain._do_nothing:
+            state = domain.new_state(task)
+            verdict = evaluate(task, [Message("assistant", GREETING)], "user_stop", state,
+                               domain.gold(task["id"]).state, assertion=state.assertion_met)
+            domain._do_nothing[task["id"]] = abs(verdict["reward"] - 1.0) < 1e-6
+        return domain._do_nothing[task["id"]]
 
 
 class ServiceEnv:
