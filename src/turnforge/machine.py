@@ -115,15 +115,21 @@ class CpuThreads:
 _CPU_THREADS: CpuThreads | None = None
 
 
-def watch_cpu_threads(model: torch.nn.Module) -> None:
-    """Keep the OpenMP threads of every thread that runs `model` (on a CPU) at the cores other processes leave free
-    (`CpuThreads`), unless `OMP_NUM_THREADS` fixes them or /proc is not there to measure."""
+def cpu_threads() -> CpuThreads | None:
+    """The process's `CpuThreads`, made on first use; None where `OMP_NUM_THREADS` fixes the count or /proc is not
+    there to measure."""
     global _CPU_THREADS
     if os.environ.get("OMP_NUM_THREADS") or not os.path.exists("/proc/stat") or not hasattr(os, "sched_getaffinity"):
-        return
+        return None
     if _CPU_THREADS is None:
         _CPU_THREADS = CpuThreads()
-    if not getattr(model, "_turnforge_cpu_threads", False):
+    return _CPU_THREADS
+
+
+def watch_cpu_threads(model: torch.nn.Module) -> None:
+    """Keep the OpenMP threads of every thread that runs `model` (on a CPU) at the cores other processes leave free
+    (`cpu_threads`)."""
+    if cpu_threads() is not None and not getattr(model, "_turnforge_cpu_threads", False):
         model.register_forward_pre_hook(lambda module, args: _CPU_THREADS.keep())
         model._turnforge_cpu_threads = True
 
@@ -132,7 +138,7 @@ def watch_cpu_threads(model: torch.nn.Module) -> None:
 def held_cpu_threads() -> Iterator[None]:
     """One OpenMP thread count (the cores free now) for every forward inside: float sums may round differently with
     another count, so computations compared for exact equality run inside (the test suite holds one per test)."""
-    threads = _CPU_THREADS
+    threads = cpu_threads()
     if threads is None:
         yield
         return
