@@ -16,7 +16,7 @@ from turnforge.models import load_model
 from turnforge.policies.engine import attach_engine
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.train.grpo import GRPOSettings, run_grpo
-from turnforge.train.grpo_async import AsyncEpisodeRollouts, TaskStream, WeightSync, generator_copy
+from turnforge.train.grpo_async import AsyncEpisodeRollouts, SerialBatches, TaskStream, WeightSync, generator_copy
 
 ENV_OPTIONS = {"format": "act_line", "max_steps": 3}
 SETTINGS = {"tasks_per_step": 2, "num_generations": 2, "max_new_tokens": 12, "learning_rate": 1e-2,
@@ -226,8 +226,10 @@ def test_async_keeps_dynamic_sampling_step_credit_kl_lora_and_accumulation(house
 def test_max_staleness_settings_are_checked():
     with pytest.raises(ValueError, match="max_staleness"):
         GRPOSettings(max_staleness=-1)
-    with pytest.raises(ValueError, match="max_staleness.*use_vllm"):
-        GRPOSettings(max_staleness=1, use_vllm=True)
+    assert GRPOSettings(max_staleness=1, use_vllm=True).max_staleness == 1  # colocated vLLM (test_vllm_grpo.py)
+    for trl in ({"vllm_mode": "server"}, {"vllm_enable_sleep_mode": True}):
+        with pytest.raises(ValueError, match="max_staleness.*server.*sleep_mode"):
+            GRPOSettings(max_staleness=1, use_vllm=True, trl=trl)
     assert GRPOSettings(max_staleness=1).trl_kwargs()["vllm_importance_sampling_mode"] == "token_truncate"
     assert "vllm_importance_sampling_mode" not in GRPOSettings().trl_kwargs()  # k = 0: TRL's config as before
 
@@ -244,3 +246,58 @@ def test_importance_weights_by_hand():
     behaviour = torch.log(torch.tensor([[0.5, 0.1, 0.5]]))
     weights, stats = off_policy.importance_weights(current, behaviour, torch.tensor([[1, 1, 1]]), "sequence_mask", None, 3.0)
     assert weights.shape == (1, 1) and weights.item() == pytest.approx(1.0) and stats.corrected_share == 0.0
+
+
+class OneCallAtATime:
+    """An engine as vLLM's `LLM` is: one call at a time (a second call at once fails the test); records each call."""
+
+    def __init__(self):
+        self.calls, self.busy = [], threading.Lock()
+
+    def generate(self, prompts, params):
+        assert self.busy.acquire(blocking=False), "two calls at once"
+        try:
+            time.sleep(0.2)
+            self.calls.append(list(prompts))
+            return [f"{p}@{params}" for p in prompts]
+        finally:
+            self.busy.release()
+
+
+def test_serial_batches_send_waiting_calls_together_and_the_weight_sync_between_calls():
+    """vLLM's colocated engine under async GRPO: the group threads' calls that wait while one runs go as ONE next call
+    (same sampling settings; others on their own), each caller gets its own replies, and a holder of the lock (TRL's
+    weight sync, `serialize_colocated_sync`) keeps every call out until it lets go."""
+    engine = OneCallAtATime()
+    serial = SerialBatches(engine)
+    replies = {}
+
+    def ask(name, prompts, params):
+        replies[name] = serial.generate(prompts, params)
+
+    first = threading.Thread(target=ask, args=("first", ["a"], 1))
+    first.start()
+    time.sleep(0.05)  # "first" is in the engine; three more arrive meanwhile
+    others = [threading.Thread(target=ask, args=args) for args in
+              (("b", ["b1", "b2"], 1), ("c", ["c"], 1), ("d", ["d"], 2))]
+    for t in others:
+        t.start()
+    for t in [first, *others]:
+        t.join()
+    assert replies == {"first": ["a@1"], "b": ["b1@1", "b2@1"], "c": ["c@1"], "d": ["d@2"]}
+    assert engine.calls[0] == ["a"] and sorted(map(sorted, engine.calls[1:])) == [["b1", "b2", "c"], ["d"]]
+
+    with serial.lock:  # the weight sync holds it
+        late = threading.Thread(target=ask, args=("late", ["e"], 1))
+        late.start()
+        time.sleep(0.3)
+        assert "late" not in replies  # no call while the weights change
+    late.join()
+    assert replies["late"] == ["e@1"]
+
+    def broken(prompts, params):
+        raise RuntimeError("engine died")
+
+    engine.generate = broken
+    with pytest.raises(RuntimeError, match="engine died"):
+        serial.generate(["x"], 1)

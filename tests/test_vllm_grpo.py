@@ -86,3 +86,29 @@ def test_two_colocated_vllm_grpo_steps_train_and_the_engine_generates_with_the_t
     moved = gap(engine_1, engine_0)
     # After step 1 the engine holds the trained weights: its log-probabilities moved, to the trained model's.
     assert max(apart) < BF16_TOL and moved > 10 * max(apart), (apart, moved)
+
+
+def test_async_grpo_on_the_colocated_engine_trains_within_the_staleness_bound(household_sft_model_dir, tmp_path):
+    """max_staleness = 1 with use_vllm (colocate): the worker's groups play on TRL's engine beside training (its calls
+    one at a time, `SerialBatches`; TRL's weight sync between two of them), no group is trained more than 1 step
+    stale, and TRL's own importance-sampling correction weighs the loss (its metrics are logged)."""
+    from turnforge.train.grpo import run_grpo
+
+    tasks = load_tasks("household", "train", limit=8, **ENV_OPTIONS)
+    settings = GRPOSettings(
+        steps=3, tasks_per_step=2, num_generations=2, max_new_tokens=12, learning_rate=1e-2, max_staleness=1,
+        rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0}, use_vllm=True,
+        trl={"vllm_mode": "colocate", "vllm_gpu_memory_utilization": COLOCATE_MEMORY_SHARE},
+    )
+    result = run_grpo(str(household_sft_model_dir), "household", ENV_OPTIONS, tasks, tmp_path, settings)
+    assert result["steps"] == 3 and result["episodes"] == 12
+    before, _ = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
+    after, _ = load_model(str(tmp_path / "model"), dtype="float32", device="cpu")
+    trained = dict(after.named_parameters())
+    assert [n for n, p in before.named_parameters() if torch.equal(p, trained[n])] == []
+    batches = [json.loads(line) for line in (tmp_path / ROLLOUTS_FILE).read_text().splitlines()]
+    assert [b["step"] for b in batches] == [1, 2, 3]
+    assert all(int(age) <= 1 for b in batches for age in b["staleness"])
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any("sampling/importance_sampling_ratio/mean" in m for m in metrics)
+    assert not any("async/is_ratio_mean" in m for m in metrics)  # TRL's correction, not a second one

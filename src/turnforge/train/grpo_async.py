@@ -26,6 +26,10 @@ training, on the same device, through the hf engine:
   - resume: a killed run resumes from its last checkpoint; the groups in flight at the kill are lost and re-sampled
     (never replayed, so none is trained twice); the task stream is seeded by the step it resumes at.
 
+With `use_vllm` (colocate), the generator is TRL's vLLM engine instead of a copy: the groups' calls go one at a time
+and together (`SerialBatches`), TRL's own weight sync lands between two calls and drops the prefix cache, and TRL's
+own importance-sampling correction weighs the loss.
+
 Memory: the generator is a second copy of the trainable weights only. With LoRA the frozen base is shared (the
 same tensors) and only the adapter is copied (a few MB for a 4B model at r = 16); a full fine-tune copies every
 weight (a 4B model in bf16: 8 GB more, beside the optimizer's 2 x 16 GB of float32 moments).
@@ -40,17 +44,19 @@ import random
 import threading
 import time
 from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from trl import GRPOTrainer
 
+from turnforge.machine import computing_threads
 from turnforge.policies.engine import forwards_paused
 from turnforge.policies.hf import HFPolicy
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.train.grpo_rollouts import EpisodeRollouts, Group, rollout_policy
-from turnforge.train.trl_internals import drop_patched_forwards
+from turnforge.train.trl_internals import drop_patched_forwards, serialize_colocated_sync
 from turnforge.types import Task
 
 
@@ -109,6 +115,53 @@ class TaskStream:
         self.queue.appendleft(task)
 
 
+def engine_thread(threads: int) -> ThreadPoolExecutor:
+    """One thread for a colocated vLLM engine's calls, with the OpenMP count the engine was built with on the training
+    thread. vLLM's CPU attention plans each step for the calling thread's count and checks it in the kernel
+    ("Check failed: input->metadata->thread_num == thread_num (2 vs. 1)" from a group thread), and its CPU worker
+    replaces `torch.set_num_threads` with a no-op once built, so the count is set with torch's own setter."""
+    return ThreadPoolExecutor(1, thread_name_prefix="grpo-async-vllm", initializer=torch._C.set_num_threads,
+                              initargs=(threads,))
+
+
+class SerialBatches:
+    """A policy whose engine takes one call at a time (vLLM's `LLM`), shared by the worker's group threads: the calls
+    that arrive while one runs go together as the next call (those with the same sampling settings), and TRL's weight
+    sync takes `lock` too (`trl_internals.serialize_colocated_sync`), so new weights land between two calls."""
+
+    def __init__(self, policy, threads: int | None = None) -> None:
+        self.policy, self.lock, self.mutex = policy, threading.Lock(), threading.Lock()
+        self.pending: list[tuple[list, Any, Future]] = []
+        # `threads`: the calls run on one engine thread of their own, with that OpenMP count (`engine_thread`)
+        self.engine = engine_thread(threads) if threads else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["policy"], name)
+
+    def generate(self, prompts, params, on_token=None):
+        mine: Future = Future()
+        with self.mutex:
+            self.pending.append((list(prompts), params, mine))
+        with self.lock:
+            if not mine.done():  # else an earlier holder answered it with its own call
+                with self.mutex:
+                    batch = [r for r in self.pending if r[1] == params]
+                    self.pending = [r for r in self.pending if r[1] != params]
+                try:
+                    asked = [p for r in batch for p in r[0]]
+                    replies = (self.engine.submit(self.policy.generate, asked, params).result() if self.engine
+                               else self.policy.generate(asked, params))
+                except BaseException as error:  # noqa: BLE001 - every caller of the batch gets it
+                    for _, _, future in batch:
+                        future.set_exception(error)
+                else:
+                    at = 0
+                    for asked, _, future in batch:
+                        future.set_result(replies[at:at + len(asked)])
+                        at += len(asked)
+        return mine.result()
+
+
 @dataclass
 class AsyncGroup(Group):
     """A group played by the worker: its start order, and each episode's per-turn weight versions."""
@@ -161,9 +214,10 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
         self.started = 0
         self.error: BaseException | None = None
         self.closing = False
-        self.generator = self.policy = self.sync = self.stream = None
+        self.generator = self.policy = self.sync = self.stream = self.serial = None
         self.start_step = 0
         self.generator_busy_s = 0.0
+        self.trainer_waiting = False
         self._extra: dict[str, Any] = {}
 
     # -- the worker ------------------------------------------------------------------------------------------
@@ -177,6 +231,12 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
             return
         if trainer.accelerator.num_processes > 1 or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
             raise ValueError("grpo max_staleness > 0 runs in one process (its generator copies the weights in memory)")
+        if trainer.use_vllm:  # TRL's colocated engine holds its own copy of the weights: it is the generator
+            self.serial = SerialBatches(rollout_policy(trainer, None, self.tokenizer, self.settings),
+                                        torch.get_num_threads())
+            serialize_colocated_sync(trainer, self.serial.lock)
+            self.policy = VersionedPolicy(self.serial, lambda: self.version)
+            return
         trained = trainer.accelerator.unwrap_model(trainer.model)
         self.generator = generator_copy(trained)
         self.sync = WeightSync(trained, self.generator)
@@ -197,13 +257,17 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
         if not self.playing:
             self.generator_busy_s -= time.perf_counter()
         self.playing[group.uid] = group
+        self._share_cores()
         threading.Thread(target=self._play_group, args=(group,), daemon=True, name=f"grpo-async-{group.uid}").start()
 
     def _play_group(self, group: AsyncGroup) -> None:
         s = self.settings
         key = f"{group.task.id}#{group.uid}"
         keyed = Task(key, group.task.env, group.task.split, group.task.category, group.task.data)
-        params = s.sampling().replace(seed=s.seed + 7919 * (group.order + 1) + 104729 * self.start_step)
+        # vLLM seeds each request from (seed, task id, sample, turn), and the task id is keyed by the group: one seed
+        # for all groups lets their calls go together (`SerialBatches`); hf seeds torch once a call, so one per group
+        order = 0 if self.serial is not None else group.order + 1
+        params = s.sampling().replace(seed=s.seed + 7919 * order + 104729 * self.start_step)
         try:
             trajs = run_episodes(self.policy, self._make_env, [keyed], group.size,
                                  RolloutLimits(max_turns=s.max_turns, max_open=group.size), params,
@@ -211,6 +275,7 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
         except BaseException as error:  # noqa: BLE001 - handed to the training thread, which raises it
             with self.cond:
                 self.playing.pop(group.uid, None)
+                self._share_cores()
                 if not self.closing and self.error is None:
                     self.error = error
                 self.cond.notify_all()
@@ -226,6 +291,7 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
             self.playing.pop(group.uid, None)
             if not self.playing:
                 self.generator_busy_s += time.perf_counter()
+            self._share_cores()
             self.finished.append(group)
             self.cond.notify_all()
 
@@ -276,7 +342,11 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
             if not self.finished:
                 if self.error is not None:
                     raise RuntimeError(f"async GRPO: a rollout group failed: {self.error}") from self.error
+                self.trainer_waiting = True
+                self._share_cores()
                 self.cond.wait()
+                self.trainer_waiting = False
+                self._share_cores()
                 continue
             group = min(self.finished, key=lambda g: g.order)
             self.finished.remove(group)
@@ -302,6 +372,11 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
                 self.doomed.add(group.uid)
         return len(stale)
 
+    def _share_cores(self) -> None:
+        """On a CPU, the trainer and the engine each take their share of the free cores while both compute, all of
+        them while one waits (`machine.computing_threads`; holding `cond`)."""
+        computing_threads((not self.trainer_waiting) + bool(self.playing))
+
     def _busy(self) -> float:
         """Seconds the generator had at least one group playing since it started."""
         return self.generator_busy_s + (time.perf_counter() if self.playing else 0.0)
@@ -313,6 +388,7 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
         """Stop the worker: the engine stops, the groups still playing end (lost: a later run re-samples)."""
         with self.cond:
             self.closing = True
+        computing_threads(1)
         close = getattr(self.policy.policy, "close", None) if self.policy is not None else None
         if close is not None:
             close()

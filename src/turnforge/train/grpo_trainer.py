@@ -136,8 +136,11 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
     def off_policy_weights(self, batch):
         """Async GRPO (`max_staleness` > 0): the truncated importance weights of the batch's tokens against the
         log-probs they were sampled with (`off_policy.importance_weights`, TRL's vLLM modes and clip knobs), logged
-        as `async/is_ratio_mean`, `async/is_ratio_max`, `async/is_corrected_share`. Synchronous: None."""
+        as `async/is_ratio_mean`, `async/is_ratio_max`, `async/is_corrected_share`. Synchronous, or with vLLM (TRL
+        applies the same correction and logs it as `sampling/importance_sampling_ratio/*`): None."""
         if not getattr(self.rollout_func, "off_policy", False) or batch.get("sampling_per_token_logps") is None:
+            return None
+        if self.use_vllm:  # TRL weighs the loss itself by the same ratio (vllm_importance_sampling_correction)
             return None
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)

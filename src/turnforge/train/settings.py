@@ -338,8 +338,10 @@ class GRPOSettings(TrainerSettings, SamplingParams):
             ("step_advantage_weight", self.step_advantage_weight >= 0, "0 (off) or more"),
             ("step_discount", 0 < self.step_discount <= 1, "in (0, 1]"),
             ("max_staleness", self.max_staleness >= 0, "0 (synchronous) or more"),
-            ("max_staleness", self.max_staleness == 0 or not self.use_vllm,
-             "0 with use_vllm: asynchronous GRPO runs on the hf engine only (TRL syncs its vLLM engine once a step)"),
+            ("max_staleness", self.max_staleness == 0 or not self.use_vllm or (
+                self.trl.get("vllm_mode", "colocate") == "colocate" and not self.trl.get("vllm_enable_sleep_mode")),
+             "0 with use_vllm in vllm_mode = \"server\" or with vllm_enable_sleep_mode: asynchronous GRPO generates "
+             "beside training on a colocated engine that stays awake (docs/decisions.md, \"Asynchronous GRPO\")"),
         ]
 
     @model_validator(mode="after")

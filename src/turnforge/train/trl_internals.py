@@ -181,6 +181,22 @@ def reload_colocated_weights_on_cpu(trainer) -> bool:
     return True
 
 
+def serialize_colocated_sync(trainer, lock) -> None:
+    """Async GRPO on a colocated vLLM engine: TRL's weight sync (`vllm_generation.sync_weights`, which TRL calls on
+    the training thread before each generation batch, and which `reload_colocated_weights_on_cpu` may have replaced)
+    runs holding `lock`, the lock each `LLM.generate` call of the rollout worker holds (`grpo_async.SerialBatches`):
+    new weights land between two calls, never during one. The sync ends with TRL's `reset_prefix_cache`, so no KV block
+    computed with the old weights is reused."""
+    generation = trainer.vllm_generation
+    sync = generation.sync_weights
+
+    def locked_sync() -> None:
+        with lock:
+            sync()
+
+    generation.sync_weights = locked_sync
+
+
 def with_tied_head(weights, tied: bool):
     """`weights` (name, tensor), and with tied embeddings the input embedding again as `lm_head.weight`: the model's
     parameters list a tied head once, under the embedding's name, and vLLM's reload restores every parameter it
