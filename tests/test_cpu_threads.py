@@ -111,3 +111,25 @@ def test_a_held_count_is_not_measured_again(two_cpus, monkeypatch):
         assert threads.threads == 1
     threads.keep()
     assert threads.threads == 2
+
+
+def test_threads_computing_at_once_share_the_free_cores(two_cpus, monkeypatch):
+    """OpenMP's count is per thread: async GRPO's trainer and engine, both computing on 2 free cores, get 1 each (not
+    2 + 2); one waiting, the other gets both again; never below 1."""
+    threads, counters = two_cpus
+    monkeypatch.setattr(machine, "_CPU_THREADS", threads)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    seen = []
+    monkeypatch.setattr(torch, "set_num_threads", seen.append)
+    try:
+        threads.measure()
+        for computing in (2, 1, 3):
+            machine.computing_threads(computing)
+            threads.keep()
+        machine.computing_threads(0)
+        threads.keep()
+    finally:
+        machine.computing_threads(1)
+        torch._C.set_num_threads(before)
+    assert seen == [1, 2, 1, 2]  # 3 on 2 cores: 1 each, never 0; 0 computing reads as 1
