@@ -13,7 +13,8 @@ and each part loads it through turnforge's own code, in a fresh Python process w
             turn) on the same first tasks: generated tokens/s, and the ratios in the naive rows;
   grpo      one step of `run_grpo` (8 tasks x 8 episodes, LoRA r 64, household): the time split into rollout
             (turnforge's rollout function), scoring (TRL's rewards, advantages, log-probs before the loss) and
-            update (the loss's forward + backward), and peak memory;
+            update (the loss's forward + backward), and peak memory; then 3 steps at max_staleness 0 and at 1
+            (asynchronous GRPO): episodes trained a minute, the trainer's wait, the generator's busy time;
   sft       TRL SFT through `turnforge.train.sft.build_trainer` at `--seq-len` tokens (2,048), examples packed
             into rows (`packing = "batch"`, SDPA attention: FlashAttention is not in the GPU image), LoRA r 64 and
             full fine-tuning, activation checkpointing on and off, bf16 on a GPU: tokens/s, MFU, peak memory.
@@ -72,6 +73,14 @@ over the vocabulary, RMSNorm, SwiGLU, RoPE): issue 51's question first (Liger's 
 setting, no checkpointing), then that setting without Liger, then checkpointing (the first run's slower rows)."""
 ROLLOUT_ENVS = ("household", "service")
 GRPO_ROW = "grpo step, 8 tasks x 8 episodes, LoRA r64, household"
+GRPO_ASYNC_KS = (0, 1)
+GRPO_ASYNC_STEPS = 3
+"""Async GRPO (issue 61): the same GRPO at max_staleness 0 and 1 for 3 steps (one step at k = 1 has nothing to
+overlap: its first call waits for its groups), episodes trained a minute side by side."""
+
+
+def grpo_async_row(k: int) -> str:
+    return f"grpo {GRPO_ASYNC_STEPS} steps at max_staleness {k}, 8 tasks x 8 episodes, LoRA r64, household"
 
 
 def planned_rows(batches: list[int]) -> list[tuple[str, str]]:
@@ -81,7 +90,7 @@ def planned_rows(batches: list[int]) -> list[tuple[str, str]]:
     rows = [("rollouts", rollout_row(env, b)) for b in sorted(batches, reverse=True) for env in ROLLOUT_ENVS]
     rows += [("rollouts", first_turn_row(engine, max(batches))) for engine in ("hf policy", "continuous batching")]
     rows += [("rollouts", f"{env} naive loop, batch 1") for env in ROLLOUT_ENVS]
-    rows += [("grpo", GRPO_ROW)]
+    rows += [("grpo", GRPO_ROW)] + [("grpo", grpo_async_row(k)) for k in GRPO_ASYNC_KS]
     rows += [("sft", sft_row(tuning, ckpt, liger)) for tuning, ckpt, liger in SFT_CONFIGS]
     return rows
 

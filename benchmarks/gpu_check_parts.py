@@ -21,12 +21,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config, TrainerCallback
 
 from gpu_check import (
+    GRPO_ASYNC_KS,
+    GRPO_ASYNC_STEPS,
     GRPO_ROW,
     PEAK_BF16,
     ROLLOUT_ENVS,
     SFT_CONFIGS,
     SHAPES,
     first_turn_row,
+    grpo_async_row,
     rollout_row,
     sft_row,
 )
@@ -369,6 +372,8 @@ def phase_seconds() -> Iterator[dict[str, float]]:
 
 def grpo_part(args, work: Path, rows: Rows) -> None:
     rows.run(GRPO_ROW, lambda: grpo_step(args, work))
+    for k in GRPO_ASYNC_KS:
+        rows.run(grpo_async_row(k), lambda k=k: grpo_steps_at(args, work, k))
 
 
 def grpo_step(args, work: Path) -> dict:
@@ -386,6 +391,25 @@ def grpo_step(args, work: Path) -> dict:
             "update_s": round(update, 2), "run_grpo_wall_s": summary["wall_s"],
             "detail": f"rollout {rollout:.1f} s / scoring {scoring:.1f} s / update {update:.1f} s; {summary['episodes']} "
                       f"episodes; run_grpo {summary['wall_s']:.0f} s with load and save"}
+
+
+def grpo_steps_at(args, work: Path, k: int) -> dict:
+    """`GRPO_ASYNC_STEPS` steps of `run_grpo` at max_staleness k (0: synchronous), LoRA: episodes trained a minute,
+    the time the trainer waited for episodes, the time the generator had a group playing (k > 0), peak memory."""
+    settings = GRPOSettings(steps=GRPO_ASYNC_STEPS, tasks_per_step=8, num_generations=8, lora=LoraSpec(**GRPO_LORA),
+                            merge=False, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
+                            learning_rate=1e-6, max_staleness=k)
+    out = work / f"grpo_k{k}"
+    reset_peak(args.device)
+    summary = run_grpo(str(work / "model"), "household", {}, load_tasks("household", "train", limit=32), out, settings)
+    batches = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines() if line.strip()]
+    waited = sum(b.get("trainer_wait_s", b["wall_s"]) for b in batches)
+    busy = batches[-1]["generator_busy_s"] if k else sum(b["wall_s"] for b in batches)
+    wall = summary["wall_s"]
+    return {"peak_gib": peak_gib(args.device), "episodes_per_min": round(summary["episodes"] / wall * 60, 1),
+            "trainer_wait_s": round(waited, 2), "generator_busy_s": round(busy, 2), "run_grpo_wall_s": wall,
+            "detail": f"{summary['episodes']} episodes in {wall:.0f} s ({summary['episodes'] / wall * 60:.1f} a minute, "
+                      f"with load and save); trainer waited {waited:.1f} s, generator busy {busy:.1f} s"}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,13 @@ from turnforge.models import load_model
 from turnforge.policies.engine import attach_engine
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.train.grpo import GRPOSettings, run_grpo
-from turnforge.train.grpo_async import AsyncEpisodeRollouts, SerialBatches, TaskStream, WeightSync, generator_copy
+from turnforge.train.grpo_async import (
+    AsyncEpisodeRollouts,
+    SerialBatches,
+    TaskStream,
+    WeightSync,
+    generator_copy,
+)
 
 ENV_OPTIONS = {"format": "act_line", "max_steps": 3}
 SETTINGS = {"tasks_per_step": 2, "num_generations": 2, "max_new_tokens": 12, "learning_rate": 1e-2,
