@@ -104,3 +104,186 @@ def test_sft_and_dpo_steps_over_two_processes(tiny_model_dir: Path, tmp_path: Pa
         resumed = json.loads((ranks / f"rank{r}.json").read_text())
         assert set(resumed["status"].values()) == {"skipped"}
         assert resumed["results"]["sft"]["train_loss"] == main["sft"]["train_loss"]  # read from main's done.json
+
+
+EVERY_STAGE = """\
+name = "every-stage"
+
+[model]
+name = "{model}"
+
+[env]
+name = "household"
+format = "act_line"
+
+[env.options]
+max_steps = 3
+
+[[stages]]
+kind = "collect"
+tasks = 8
+
+[[stages]]
+kind = "collect"
+name = "mistakes"
+policy = "random"
+tasks = 4
+
+[[stages]]
+kind = "sft"
+data = ["collect"]
+max_steps = 2
+batch_size = {sft_batch}
+max_length = 512
+logging_steps = 1
+learning_rate = 1e-3
+{more}
+"""
+
+TRAINING = """
+[[stages]]
+kind = "dpo"
+data = ["collect-mistakes"]
+max_steps = 1
+batch_size = 1
+max_length = 512
+logging_steps = 1
+
+[[stages]]
+kind = "rft"
+model = "base"
+tasks = 4
+samples = 2
+max_new_tokens = 12
+keep = "best"
+min_progress = 0.0
+train = { max_steps = 2, learning_rate = 1e-2, batch_size = 1, max_length = 1024 }
+
+[[stages]]
+kind = "grpo"
+model = "base"
+{grpo}
+
+[[stages]]
+kind = "grpo"
+name = "credit"
+model = "base"
+dynamic_sampling = true
+step_advantage_weight = 1.0
+trl = { activation_checkpointing = true }
+{grpo}
+
+[[stages]]
+kind = "grpo"
+name = "async"
+model = "base"
+max_staleness = 1
+{grpo}
+
+[[stages]]
+kind = "envtune"
+model = "base"
+tasks = 8
+tasks_per_step = 2
+num_generations = 2
+max_new_tokens = 12
+learning_rate = 1e-2
+rewards = { outcome = 1.0, format = 1.0, tool_call = 1.0 }
+[[stages.phases]]
+name = "hints"
+steps = 1
+env = { hints = true }
+[[stages.phases]]
+name = "plain"
+steps = 1
+
+[[stages]]
+kind = "distill"
+model = "base"
+teacher = "sft"
+steps = 2
+tasks = 8
+tasks_per_step = 2
+num_generations = 2
+max_new_tokens = 12
+learning_rate = 1e-3
+
+[[stages]]
+kind = "eval"
+model = "grpo"
+tasks = 2
+max_new_tokens = 12
+"""
+
+GRPO_FIELDS = """steps = 2
+tasks = 8
+tasks_per_step = 2
+num_generations = 2
+max_new_tokens = 12
+learning_rate = 1e-2
+rewards = { outcome = 1.0, format = 1.0, tool_call = 1.0 }"""
+
+
+def test_every_training_stage_over_two_processes(household_sft_model_dir: Path, tmp_path: Path):
+    """`accelerate launch` (DDP, 2 gloo processes) of `turnforge run` on a recipe with every stage that trains: sft,
+    dpo, rft's training, grpo (plain; checkpointing + dynamic sampling + GiGPO step credit; async k = 1), envtune and
+    distill, then an eval. Exit 0 on both; each process played its own episodes; a step is the recipe's global batch
+    (tasks_per_step x num_generations episodes over both); the files count the gathered episodes; one process
+    printed and wrote. SFT's loss equals one process's on the same global batch (2 + 2 rows = 4 rows)."""
+    recipe = tmp_path / "every.toml"
+    recipe.write_text(EVERY_STAGE.format(model=household_sft_model_dir, sft_batch=2,
+                                         more=TRAINING.format(grpo=GRPO_FIELDS)))
+    out, ranks = tmp_path / "run", tmp_path / "ranks"
+    ranks.mkdir()
+    script = Path(__file__).parent / "launched" / "run_cli_ranks.py"
+    done = _launch(str(script), str(ranks), "run", str(recipe), "--out", str(out), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    seen = [json.loads((ranks / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [s["world_size"] for s in seen] == [2, 2] and seen[0]["backend"] == "gloo"
+    stages = {p.parent.name.split("-", 1)[1]: json.loads(p.read_text())["result"]
+              for p in (out / "stages").glob("*/done.json")}
+    assert set(stages) >= {"sft", "dpo", "rft", "grpo", "grpo-credit", "grpo-async", "envtune", "distill"}, stages
+
+    # Each process played episodes of its own: TRL hands each its share of a step's groups (different tasks); the
+    # async workers draw their own tasks, with their own seeds.
+    played = [s["played"] for s in seen]
+    for stage in ("grpo", "grpo-credit", "envtune", "distill"):
+        mine, theirs = ({task for task, _ in p[stage]} for p in played)
+        assert mine and theirs and not mine & theirs, (stage, mine, theirs)
+    assert played[0]["grpo-async"] and played[1]["grpo-async"] and played[0]["grpo-async"] != played[1]["grpo-async"]
+
+    # A step = tasks_per_step x num_generations = 4 episodes over both processes; the files count them gathered.
+    for stage in ("grpo", "grpo-credit", "grpo-async"):
+        lines = [json.loads(x) for x in next((out / "stages").glob(f"*-{stage}/rollouts.jsonl")).read_text().splitlines()]
+        assert [x["episodes"] for x in lines] == [4, 4], stage
+        assert stages[stage]["episodes"] == 8 and stages[stage]["steps"] == 2
+        assert sum(len(p[stage]) for p in played) == 8
+    async_ids = [uid for x in (json.loads(line) for line in next((out / "stages").glob("*-grpo-async/rollouts.jsonl"))
+                                .read_text().splitlines()) for uid in x["group_ids"]]
+    assert any(uid.endswith("/1") for uid in async_ids) and any("/" not in uid for uid in async_ids)
+
+    # One process printed: the comparison table and the closing line once (both processes' stdout is this pipe).
+    assert done.stdout.count("wrote ") == 1 and done.stdout.count("every-stage: evaluation") == 1, done.stdout
+
+    # SFT over 2 processes x 2 rows = one process with 4 rows: the same loss (TRL averages tokens over processes).
+    alone = tmp_path / "alone.toml"
+    alone.write_text(EVERY_STAGE.format(model=household_sft_model_dir, sft_batch=4, more=""))
+    from turnforge.pipeline import run_recipe
+    from turnforge.recipes import load_recipe
+
+    single = run_recipe(load_recipe(alone), tmp_path / "alone", console=None)
+    assert single["stages"]["sft"]["result"]["train_loss"] == pytest.approx(stages["sft"]["train_loss"], rel=1e-4)
+
+
+def test_a_launch_asked_for_two_processes_that_starts_one_is_refused(tmp_path: Path):
+    """`accelerate launch --cpu --num_processes 2` runs the command once: the first line says so, nothing runs."""
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    command = [accelerate, "launch", "--cpu", "--num_processes", "2", "-m", "turnforge", "run", "quickstart",
+               "--out", str(tmp_path / "qs")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    first = done.stderr.strip().splitlines()[0]
+    assert first.startswith("error: accelerate launch was asked for several processes but started one"), done.stderr
+    assert not (tmp_path / "qs").exists()

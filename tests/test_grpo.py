@@ -396,3 +396,20 @@ def test_task_dataset_closes_the_env_it_reads_prompts_from(monkeypatch):
     monkeypatch.setattr(grpo, "make_env", make)
     task_dataset("household", ENV_OPTIONS, load_tasks("household", "train", limit=2, **ENV_OPTIONS))
     assert len(closed) == 1
+
+
+def test_a_grpo_step_is_the_recipes_batch_whatever_the_processes(monkeypatch):
+    """tasks_per_step x num_generations episodes a step over all processes (issue 62): each process plays and trains
+    its share, whole groups; what does not divide is refused in one line naming the setting to change."""
+    s = GRPOSettings(tasks_per_step=4, num_generations=2)
+    assert [s.per_process(n) for n in (1, 2, 4)] == [(8, 1), (4, 1), (2, 1)]  # (rows a forward, accumulation) per process
+    assert GRPOSettings(tasks_per_step=4, num_generations=2, micro_batch_size=2).per_process(2) == (2, 2)
+    with pytest.raises(ValueError, match=r"tasks_per_step=3 does not split over 2 processes.*multiple of 2"):
+        GRPOSettings(tasks_per_step=3).per_process(2)
+    with pytest.raises(ValueError, match=r"micro_batch_size=4 must divide one process's episodes a step.* = 2"):
+        GRPOSettings(tasks_per_step=2, num_generations=2, micro_batch_size=4).per_process(2)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as `accelerate launch --num_processes 2` starts each process
+    with pytest.raises(ValueError, match="tasks_per_step=3"):
+        GRPOSettings(tasks_per_step=3)  # at load, before any stage runs
+    kwargs = GRPOSettings(tasks_per_step=4, num_generations=2).trl_kwargs()
+    assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (4, 1)

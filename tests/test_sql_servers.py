@@ -27,7 +27,8 @@ from turnforge.types import Task
 pytestmark = pytest.mark.integration
 
 DEV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dbbench" / "dev.jsonl"
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+             default=Path("/usr/lib/postgresql/15/bin"))  # Debian's layout, any version (bookworm: 15)
 
 
 def _free_port() -> int:

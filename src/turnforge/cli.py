@@ -105,6 +105,12 @@ def _main(
     verbose: Annotated[bool, typer.Option("--verbose", help="Also show the libraries' warnings and logs.")] = False,
 ) -> None:
     """Train and evaluate small LLM agents on multi-turn, tool-using environments."""
+    from turnforge.launch import one_process_launch, quiet_other_processes
+
+    if (refused := one_process_launch()) is not None:
+        typer.echo(f"error: {refused}", err=True)
+        raise typer.Exit(USAGE_ERROR)
+    quiet_other_processes()
     if not verbose:
         quiet_libraries()
 

@@ -27,7 +27,44 @@ _alone = threading.local()  # set while the main process runs a step alone: nest
 
 def launched() -> bool:
     """True in one of several processes started by `accelerate launch` / torchrun (WORLD_SIZE > 1)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return processes() > 1
+
+
+def processes() -> int:
+    """How many processes `accelerate launch` / torchrun started (1 without a launcher)."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def one_process_launch() -> str | None:
+    """One line when `accelerate launch` was asked for several processes but started this one alone, else None.
+
+    `accelerate launch --cpu --num_processes 2` without a multi-process config runs the command once, in a plain
+    process (no WORLD_SIZE), having set MASTER_ADDR for the processes it was asked for (accelerate 1.x's simple
+    launcher): the run would be a one-process run that looks like a two-process one."""
+    env = os.environ
+    if "ACCELERATE_MIXED_PRECISION" in env and "MASTER_ADDR" in env and "WORLD_SIZE" not in env:
+        return ("accelerate launch was asked for several processes but started one (its --cpu form runs the command "
+                "once): launch them with `accelerate launch --config_file configs/accelerate/ddp.yaml "
+                "--num_processes N -m turnforge ...` (on a CPU too: it makes gloo processes)")
+    return None
+
+
+def quiet_other_processes() -> None:
+    """Under a launcher, every process but the main one prints nothing to stdout and shows no warnings or library
+    logs (the main process says it all once); errors and tracebacks still reach its stderr. Decided by RANK, which the
+    launcher sets before the process starts (no collective needed)."""
+    if not launched() or os.environ.get("RANK", "0") == "0":
+        return
+    import logging
+    import sys
+    import warnings
+
+    sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the life of the process
+    warnings.filterwarnings("ignore")
+    logging.getLogger().setLevel(logging.ERROR)
+    os.environ["TQDM_DISABLE"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 
 
 def _state() -> Any:

@@ -23,6 +23,10 @@ training, on the same device, through the hf engine:
   - KV blocks computed with older weights stay in the engine's cache and are reused by later turns (a weight update
     lands between two engine steps, not between requests): the sampled tokens' recorded log-probs are those of the
     distribution that drew them, old blocks included, so the importance correction (`off_policy`) covers it.
+  - under `accelerate launch` (DDP) each process runs a worker of its own (its own generator copy, tasks and seeds)
+    and trains its share of the step; rollouts.jsonl gathers them. FSDP / DeepSpeed (sharded weights) are refused;
+  - on a CPU, while the trainer and the engine both compute, each takes half the free cores
+    (`machine.computing_threads`); one waiting, the other takes them all;
   - resume: a killed run resumes from its last checkpoint; the groups in flight at the kill are lost and re-sampled
     (never replayed, so none is trained twice); the task stream is seeded by the step it resumes at.
 
@@ -49,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from turnforge.machine import computing_threads
@@ -215,7 +220,7 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
         self.error: BaseException | None = None
         self.closing = False
         self.generator = self.policy = self.sync = self.stream = self.serial = None
-        self.start_step = 0
+        self.start_step = self.rank = 0
         self.generator_busy_s = 0.0
         self.trainer_waiting = False
         self._extra: dict[str, Any] = {}
@@ -224,13 +229,17 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
 
     def _start_worker(self, trainer: GRPOTrainer) -> None:
         self.start_step = self.version = trainer.state.global_step
-        self.stream = TaskStream(list(self.tasks.values()), self.settings.seed * 1_000_003 + self.start_step)
+        # under `accelerate launch` (DDP) each process runs a worker of its own: its own tasks and seeds
+        self.rank = trainer.accelerator.process_index
+        self.stream = TaskStream(list(self.tasks.values()),
+                                 self.settings.seed * 1_000_003 + self.start_step + 7_777_777 * self.rank)
         if self.policy_factory is not rollout_policy:  # a given policy (tests: scripted): no weights to copy
             self.policy = VersionedPolicy(self.policy_factory(trainer, None, self.tokenizer, self.settings),
                                           lambda: self.version)
             return
-        if trainer.accelerator.num_processes > 1 or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
-            raise ValueError("grpo max_staleness > 0 runs in one process (its generator copies the weights in memory)")
+        if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+            raise ValueError("grpo max_staleness > 0 needs each process to hold the whole model (its generator copies "
+                             "the weights): DDP, not FSDP or DeepSpeed")
         if trainer.use_vllm:  # TRL's colocated engine holds its own copy of the weights: it is the generator
             self.serial = SerialBatches(rollout_policy(trainer, None, self.tokenizer, self.settings),
                                         torch.get_num_threads())
@@ -252,8 +261,8 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
     def _begin(self, task: Task) -> None:
         order = self.started
         self.started += 1
-        group = AsyncGroup(task, self.settings.num_generations, uid=f"{self.start_step}:{order}", order=order,
-                           start_version=self.version)
+        uid = f"{self.start_step}:{order}" + (f"/{self.rank}" if self.rank else "")  # process N's ends in /N
+        group = AsyncGroup(task, self.settings.num_generations, uid=uid, order=order, start_version=self.version)
         if not self.playing:
             self.generator_busy_s -= time.perf_counter()
         self.playing[group.uid] = group
@@ -267,7 +276,7 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
         # vLLM seeds each request from (seed, task id, sample, turn), and the task id is keyed by the group: one seed
         # for all groups lets their calls go together (`SerialBatches`); hf seeds torch once a call, so one per group
         order = 0 if self.serial is not None else group.order + 1
-        params = s.sampling().replace(seed=s.seed + 7919 * order + 104729 * self.start_step)
+        params = s.sampling().replace(seed=s.seed + 7919 * order + 104729 * self.start_step + 15485863 * self.rank)
         try:
             trajs = run_episodes(self.policy, self._make_env, [keyed], group.size,
                                  RolloutLimits(max_turns=s.max_turns, max_open=group.size), params,
@@ -311,18 +320,20 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
             carried = len(self.playing)
         waited = time.perf_counter() - started
         episodes = [traj for g in groups for traj in g.episodes]
-        self.episodes += len(episodes)
         out = self._to_trl(episodes)
         self.step_advantages = self._step_advantages(groups, out) if self.settings.step_advantage_weight else None
-        staleness = Counter(self.version - g.version for g in groups)
+        mine = {"ages": [self.version - g.version for g in groups], "dropped": dropped, "carried": carried,
+                "group_ids": [g.uid for g in groups], "waited": waited, "busy": self._busy()}
+        every = gather_object([mine]) if trainer.accelerator.num_processes > 1 else [mine]  # each process's worker
+        staleness = Counter(age for m in every for age in m["ages"])
         self._extra = {
             "step": self.version + 1,
             "staleness": {str(k): staleness[k] for k in sorted(staleness)},
-            "stale_dropped_groups": dropped,
-            "carried_groups": carried,
-            "group_ids": [g.uid for g in groups],
-            "trainer_wait_s": round(waited, 3),
-            "generator_busy_s": round(self._busy(), 3),
+            "stale_dropped_groups": sum(m["dropped"] for m in every),
+            "carried_groups": sum(m["carried"] for m in every),
+            "group_ids": [uid for m in every for uid in m["group_ids"]],
+            "trainer_wait_s": round(max(m["waited"] for m in every), 3),  # the step waits for the slowest process
+            "generator_busy_s": round(min(m["busy"] for m in every), 3),
         }
         left = sum(self._flat(g.episodes) for g in groups)
         self._log(episodes, [t for g in drawn for t in g.episodes], groups, replaced, left, waited)

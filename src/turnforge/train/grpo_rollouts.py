@@ -151,7 +151,6 @@ class EpisodeRollouts:
                     model.train(was_training)
         episodes = [traj for g in groups for traj in g.episodes]
         drawn = [traj for g in played for traj in g.episodes]
-        self.episodes += len(episodes)
         out = self._to_trl(episodes)
         self.step_advantages = self._step_advantages(groups, out) if self.settings.step_advantage_weight else None
         self._log(episodes, drawn, groups, replaced, left, time.perf_counter() - started)
@@ -290,16 +289,15 @@ class EpisodeRollouts:
         dynamic sampling); `drawn_success` and `drawn_reward` those of the groups TRL's sampler drew, before any
         was replaced: the policy's success and reward on uniformly drawn training tasks. Dynamic sampling replaces a group whose rewards are all equal, most often a task
         every episode solves alike, so the trained batch leaves out more easy tasks as the policy improves."""
-        if self.log_path is None:
-            return
         # Under `accelerate launch` each process played its shard of the batch (TRL splits the prompts): the
-        # main process logs them all, gathered.
+        # episodes are counted and logged gathered, by the main process.
         mine = [(t.score.success, t.score.progress, self._total(t), len(t.turns)) for t in episodes]
         first = [(t.score.success, self._total(t)) for t in drawn]
         counts = [(len(groups), left, replaced)]
         if self.trainer.accelerator.num_processes > 1:
             mine, first, counts = gather_object(mine), gather_object(first), gather_object(counts)
-        if not self.trainer.accelerator.is_main_process:
+        self.episodes += len(mine)
+        if self.log_path is None or not self.trainer.accelerator.is_main_process:
             return
         n, m = max(1, len(mine)), max(1, len(first))
         line = {

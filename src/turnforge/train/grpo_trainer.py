@@ -99,7 +99,8 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
         logps = input_ids.new_zeros((rows, logits_to_keep), dtype=torch.float32)
         entropies = logps.clone() if compute_entropy else None
         # transformers drops a layer's cache where checkpointing will recompute it: the rows then run the prompt
-        recomputed = torch.is_grad_enabled() and model.training and checkpointing_on(self.accelerator.unwrap_model(model))
+        bare = self.accelerator.unwrap_model(model)  # under DDP `model` is the wrapper, which has no `config`
+        recomputed = torch.is_grad_enabled() and model.training and checkpointing_on(bare)
         for group, shared in prompt_groups(input_ids, spans, first, self.PROMPT_BLOCK):
             shared = 0 if recomputed else shared
             prefix = None
@@ -119,7 +120,7 @@ class EpisodeGRPOTrainer(GRPOTrainerHooks):
                 cached = {}
                 if prefix is not None:
                     positions = torch.arange(shared, shared + ids.shape[1], device=ids.device).expand(len(chunk), -1)
-                    cached = {CACHE_FIELD: expanded_cache(prefix, len(chunk), model.config), "position_ids": positions}
+                    cached = {CACHE_FIELD: expanded_cache(prefix, len(chunk), bare.config), "position_ids": positions}
                 with self.accelerator.autocast():
                     out = model(input_ids=ids, labels=labels, fused_lm_head=True, **cached)
                 for k, r in enumerate(chunk):

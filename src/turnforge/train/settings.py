@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from turnforge.launch import processes
 from turnforge.models.loading import LoraSpec
 from turnforge.rewards import COMPONENTS, RewardWeights
 from turnforge.types import SamplingParams
@@ -346,11 +347,7 @@ class GRPOSettings(TrainerSettings, SamplingParams):
 
     @model_validator(mode="after")
     def _batch_and_rollouts_fit(self) -> GRPOSettings:
-        if self.micro_batch_size is not None and self.episodes_per_step % self.micro_batch_size:
-            raise ValueError(
-                f"grpo setting micro_batch_size={self.micro_batch_size} must divide tasks_per_step x "
-                f"num_generations = {self.episodes_per_step}"
-            )
+        self.per_process(processes())  # checked when the recipe loads, before any stage runs
         if self.explore < 1 and self.use_vllm and self.trl.get("vllm_mode") == "server":
             raise ValueError("grpo setting explore below 1 needs a temperature per reply, which trl vllm-serve's "
                              "client does not take: use vllm_mode = \"colocate\" or leave use_vllm off")
@@ -360,15 +357,33 @@ class GRPOSettings(TrainerSettings, SamplingParams):
     def episodes_per_step(self) -> int:
         return self.tasks_per_step * self.num_generations
 
+    def per_process(self, processes: int) -> tuple[int, int]:
+        """(episodes per forward + backward, accumulation steps) of one process when `processes` share a step: the
+        step is tasks_per_step x num_generations episodes whatever the number of processes (TRL's generation batch,
+        global too), each process playing and training whole groups (TRL hands it a run of consecutive prompts).
+        A value that does not divide raises one line saying which setting to change."""
+        if self.tasks_per_step % processes:
+            raise ValueError(
+                f"grpo setting tasks_per_step={self.tasks_per_step} does not split over {processes} processes (each "
+                f"plays whole groups): set tasks_per_step to a multiple of {processes}")
+        mine = self.episodes_per_step // processes
+        micro = self.micro_batch_size or mine
+        if mine % micro:
+            raise ValueError(
+                f"grpo setting micro_batch_size={micro} must divide one process's episodes a step, tasks_per_step x "
+                f"num_generations / processes = {mine}: set micro_batch_size to a divisor of {mine}")
+        return micro, mine // micro
+
     def trl_kwargs(self) -> dict[str, Any]:
-        """TRL's knobs pass through unchanged; a batch = tasks_per_step x num_generations episodes."""
-        micro = self.micro_batch_size or self.episodes_per_step
+        """TRL's knobs pass through unchanged; a batch = tasks_per_step x num_generations episodes, over all the
+        processes of an `accelerate launch` (`per_process`)."""
+        micro, accumulation = self.per_process(processes())
         weights = self.rewards.as_dict()
         return {
             **super().trl_kwargs(),
             "max_steps": self.steps,
             "per_device_train_batch_size": micro,
-            "gradient_accumulation_steps": self.episodes_per_step // micro,
+            "gradient_accumulation_steps": accumulation,
             "num_generations": self.num_generations,
             "loss_type": self.loss_type,
             "epsilon": self.epsilon,
