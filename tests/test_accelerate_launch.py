@@ -157,7 +157,7 @@ samples = 2
 max_new_tokens = 12
 keep = "best"
 min_progress = 0.0
-train = { max_steps = 2, learning_rate = 1e-2, batch_size = 1, max_length = 1024 }
+train = {{ max_steps = 2, learning_rate = 1e-2, batch_size = 1, max_length = 1024 }}
 
 [[stages]]
 kind = "grpo"
@@ -170,7 +170,7 @@ name = "credit"
 model = "base"
 dynamic_sampling = true
 step_advantage_weight = 1.0
-trl = { activation_checkpointing = true }
+trl = {{ activation_checkpointing = true }}
 {grpo}
 
 [[stages]]
@@ -188,11 +188,11 @@ tasks_per_step = 2
 num_generations = 2
 max_new_tokens = 12
 learning_rate = 1e-2
-rewards = { outcome = 1.0, format = 1.0, tool_call = 1.0 }
+rewards = {{ outcome = 1.0, format = 1.0, tool_call = 1.0 }}
 [[stages.phases]]
 name = "hints"
 steps = 1
-env = { hints = true }
+env = {{ hints = true }}
 [[stages.phases]]
 name = "plain"
 steps = 1
@@ -247,18 +247,21 @@ def test_every_training_stage_over_two_processes(household_sft_model_dir: Path, 
 
     # Each process played episodes of its own: TRL hands each its share of a step's groups (different tasks); the
     # async workers draw their own tasks, with their own seeds.
-    played = [s["played"] for s in seen]
-    for stage in ("grpo", "grpo-credit", "envtune", "distill"):
-        mine, theirs = ({task for task, _ in p[stage]} for p in played)
-        assert mine and theirs and not mine & theirs, (stage, mine, theirs)
-    assert played[0]["grpo-async"] and played[1]["grpo-async"] and played[0]["grpo-async"] != played[1]["grpo-async"]
+    # (keyed by the folder the rollouts log to: a stage's, or an envtune phase's)
+    played = [{folder.split("-", 1)[1]: p for folder, p in s["played"].items()} for s in seen]
+    assert set(played[0]) == set(played[1]) == {"grpo", "grpo-credit", "grpo-async", "hints", "plain", "distill"}
+    for stage in played[0]:
+        mine, theirs = ({(task, tuple(ids)) for task, ids in p[stage]} for p in played)
+        assert mine and theirs and not mine & theirs, stage  # no episode played by both
+        if stage not in ("grpo-credit", "grpo-async"):  # (their replacement / own draws may meet a task again)
+            assert not {t for t, _ in mine} & {t for t, _ in theirs}, stage  # TRL's shards: different tasks
 
     # A step = tasks_per_step x num_generations = 4 episodes over both processes; the files count them gathered.
     for stage in ("grpo", "grpo-credit", "grpo-async"):
         lines = [json.loads(x) for x in next((out / "stages").glob(f"*-{stage}/rollouts.jsonl")).read_text().splitlines()]
         assert [x["episodes"] for x in lines] == [4, 4], stage
         assert stages[stage]["episodes"] == 8 and stages[stage]["steps"] == 2
-        assert sum(len(p[stage]) for p in played) == 8
+        assert sum(len(p[stage]) for p in played) == 8 or stage == "grpo-credit"  # + dynamic sampling's re-plays
     async_ids = [uid for x in (json.loads(line) for line in next((out / "stages").glob("*-grpo-async/rollouts.jsonl"))
                                 .read_text().splitlines()) for uid in x["group_ids"]]
     assert any(uid.endswith("/1") for uid in async_ids) and any("/" not in uid for uid in async_ids)
@@ -277,13 +280,14 @@ def test_every_training_stage_over_two_processes(household_sft_model_dir: Path, 
 
 
 def test_a_launch_asked_for_two_processes_that_starts_one_is_refused(tmp_path: Path):
-    """`accelerate launch --cpu --num_processes 2` runs the command once: the first line says so, nothing runs."""
+    """`accelerate launch --cpu --num_processes 2` runs the command once: its first line says so, nothing runs."""
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
     command = [accelerate, "launch", "--cpu", "--num_processes", "2", "-m", "turnforge", "run", "quickstart",
                "--out", str(tmp_path / "qs")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    first = done.stderr.strip().splitlines()[0]
-    assert first.startswith("error: accelerate launch was asked for several processes but started one"), done.stderr
+    # turnforge's first line (after accelerate's own notes on its defaults); accelerate then exits 1 with its traceback
+    assert done.returncode != 0 and done.stdout == "", done.stdout[-2000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert ours[0].startswith("error: accelerate launch was asked for several processes but started one"), done.stderr
     assert not (tmp_path / "qs").exists()

@@ -78,7 +78,7 @@ def _scripted_rollouts(tmp_path, delay: float, k: int = 1):
     rollouts = AsyncEpisodeRollouts("household", ENV_OPTIONS, tasks, SimpleNamespace(pad_token_id=0), settings,
                                     tmp_path / "rollouts.jsonl", policy_factory=lambda *a: policy)
     trainer = SimpleNamespace(use_vllm=False, state=SimpleNamespace(global_step=0),
-                              accelerator=SimpleNamespace(num_processes=1, is_main_process=True))
+                              accelerator=SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))
     prompts = [[{"role": "user", "content": "", "task_id": tasks[0].id}]] * 4
     return rollouts, trainer, prompts
 

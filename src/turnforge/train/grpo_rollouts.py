@@ -125,6 +125,8 @@ class EpisodeRollouts:
         self.policy_factory = policy_factory or rollout_policy
         self.role_policies: dict[str, Role] | None = None
         self.rng = random.Random(settings.seed)
+        self.rank = 0
+        """The process under `accelerate launch`: its replacement draws and sampling seeds are its own (`_seed_rank`)."""
         self.calls = 0
         self.episodes = 0
         self.step_advantages: list[list[float]] | None = None
@@ -134,6 +136,7 @@ class EpisodeRollouts:
         started = time.perf_counter()
         slots = [self.tasks[p[-1]["task_id"]] for p in prompts]
         self.trainer = trainer
+        self._seed_rank(trainer)
         if trainer.use_vllm:  # vLLM generates; the trained model is not needed here
             groups, played, replaced, left = self._rollout(None, slots)
         else:
@@ -155,6 +158,14 @@ class EpisodeRollouts:
         self.step_advantages = self._step_advantages(groups, out) if self.settings.step_advantage_weight else None
         self._log(episodes, drawn, groups, replaced, left, time.perf_counter() - started)
         return out
+
+    def _seed_rank(self, trainer: GRPOTrainer) -> None:
+        """Under `accelerate launch` each process draws dynamic sampling's replacement tasks and samples with seeds of
+        its own (the same seeds would play the same replacement groups, token for token, on every process); the main
+        process keeps the single-process seeds."""
+        rank = getattr(trainer.accelerator, "process_index", 0)
+        if rank != self.rank:
+            self.rank, self.rng = rank, random.Random(self.settings.seed + 104729 * rank)
 
     def _rollout(self, model, slots: list[Task]) -> tuple[list[Group], list[Group], int, int]:
         """The slots' groups played, then dynamic sampling's replacements (`_resample`), all with one policy: the
@@ -184,7 +195,7 @@ class EpisodeRollouts:
         """`groups` with their episodes played, in one batch of the rollout engine."""
         s = self.settings
         self.calls += 1
-        params = s.sampling().replace(seed=s.seed + 7919 * self.calls)
+        params = s.sampling().replace(seed=s.seed + 7919 * self.calls + 15485863 * self.rank)
         limits = RolloutLimits(max_turns=s.max_turns, max_open=s.episodes_per_step)
         # run_episodes keys episodes by (task id, sample): each group plays a copy of its task under a key of its
         # own, so that a task drawn twice in one batch stays two groups; the episodes get the task's id back.
