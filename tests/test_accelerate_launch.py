@@ -291,3 +291,18 @@ def test_a_launch_asked_for_two_processes_that_starts_one_is_refused(tmp_path: P
     ours = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert ours[0].startswith("error: accelerate launch was asked for several processes but started one"), done.stderr
     assert not (tmp_path / "qs").exists()
+
+
+def test_an_fsdp_launch_on_cpu_processes_is_refused(tmp_path: Path):
+    """accelerate makes FSDP of GPU process groups only: on CPU processes configs/accelerate/fsdp.yaml would train as
+    DDP. Refused, in one line from the main process; nothing runs."""
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    command = [accelerate, "launch", "--config_file", str(CONFIGS / "fsdp.yaml"), "--num_processes", "2",
+               "--main_process_port", "29518", "-m", "turnforge", "run", "quickstart", "--out", str(tmp_path / "qs")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert ours == ["error: an FSDP launch on a machine without a GPU would train as DDP (accelerate turns FSDP on "
+                    "for GPU processes only): on a CPU launch with configs/accelerate/ddp.yaml"], done.stderr[-2000:]
+    assert not (tmp_path / "qs").exists()

@@ -26,6 +26,7 @@ Bad input ends with a one-line `error: ...` on stderr and exit code 2, never a t
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -108,7 +109,8 @@ def _main(
     from turnforge.launch import one_process_launch, quiet_other_processes
 
     if (refused := one_process_launch()) is not None:
-        typer.echo(f"error: {refused}", err=True)
+        if os.environ.get("RANK", "0") == "0":  # every process stops; the main one says why
+            typer.echo(f"error: {refused}", err=True)
         raise typer.Exit(USAGE_ERROR)
     quiet_other_processes()
     if not verbose:

@@ -36,7 +36,8 @@ def processes() -> int:
 
 
 def one_process_launch() -> str | None:
-    """One line when `accelerate launch` was asked for several processes but started this one alone, else None.
+    """One line when `accelerate launch` was asked for several processes but started this one alone, or for FSDP on
+    CPU processes (which would train as DDP), else None.
 
     `accelerate launch --cpu --num_processes 2` without a multi-process config runs the command once, in a plain
     process (no WORLD_SIZE), having set MASTER_ADDR for the processes it was asked for (accelerate 1.x's simple
@@ -46,6 +47,14 @@ def one_process_launch() -> str | None:
         return ("accelerate launch was asked for several processes but started one (its --cpu form runs the command "
                 "once): launch them with `accelerate launch --config_file configs/accelerate/ddp.yaml "
                 "--num_processes N -m turnforge ...` (on a CPU too: it makes gloo processes)")
+    if launched() and env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        import torch
+
+        if not torch.cuda.is_available():
+            # accelerate 1.x makes FSDP of GPU process groups only (AcceleratorState): CPU processes would train
+            # as DDP (MULTI_CPU) under a config that says FSDP, though torch's FSDP2 itself runs on gloo here
+            return ("an FSDP launch on a machine without a GPU would train as DDP (accelerate turns FSDP on for GPU "
+                    "processes only): on a CPU launch with configs/accelerate/ddp.yaml")
     return None
 
 
