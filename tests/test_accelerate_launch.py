@@ -140,14 +140,15 @@ learning_rate = 1e-3
 {more}
 """
 
-TRAINING = """
+OFFLINE = """
 [[stages]]
 kind = "dpo"
 data = ["collect-mistakes"]
-max_steps = 1
-batch_size = 1
+max_steps = 2
+batch_size = {batch}
 max_length = 512
 logging_steps = 1
+learning_rate = 1e-3
 
 [[stages]]
 kind = "rft"
@@ -157,8 +158,10 @@ samples = 2
 max_new_tokens = 12
 keep = "best"
 min_progress = 0.0
-train = {{ max_steps = 2, learning_rate = 1e-2, batch_size = 1, max_length = 1024 }}
+train = {{ max_steps = 2, learning_rate = 1e-2, batch_size = {batch}, max_length = 1024 }}
+"""
 
+TRAINING = """
 [[stages]]
 kind = "grpo"
 model = "base"
@@ -229,10 +232,11 @@ def test_every_training_stage_over_two_processes(household_sft_model_dir: Path, 
     dpo, rft's training, grpo (plain; checkpointing + dynamic sampling + GiGPO step credit; async k = 1), envtune and
     distill, then an eval. Exit 0 on both; each process played its own episodes; a step is the recipe's global batch
     (tasks_per_step x num_generations episodes over both); the files count the gathered episodes; one process
-    printed and wrote. SFT's loss equals one process's on the same global batch (2 + 2 rows = 4 rows)."""
+    printed and wrote. SFT's, DPO's and RFT's training losses equal one process's on the same global batch (2 + 2 rows
+    = 4 rows)."""
     recipe = tmp_path / "every.toml"
     recipe.write_text(EVERY_STAGE.format(model=household_sft_model_dir, sft_batch=2,
-                                         more=TRAINING.format(grpo=GRPO_FIELDS)))
+                                         more=OFFLINE.format(batch=1) + TRAINING.format(grpo=GRPO_FIELDS)))
     out, ranks = tmp_path / "run", tmp_path / "ranks"
     ranks.mkdir()
     script = Path(__file__).parent / "launched" / "run_cli_ranks.py"
@@ -269,14 +273,16 @@ def test_every_training_stage_over_two_processes(household_sft_model_dir: Path, 
     # One process printed: the comparison table and the closing line once (both processes' stdout is this pipe).
     assert done.stdout.count("wrote ") == 1 and done.stdout.count("every-stage: evaluation") == 1, done.stdout
 
-    # SFT over 2 processes x 2 rows = one process with 4 rows: the same loss (TRL averages tokens over processes).
+    # SFT, DPO and RFT's training over 2 processes x n rows = one process with 2n rows: the same loss, step by step
+    # (TRL averages tokens over the processes; rft's sampling is the main process's, so its kept episodes are too).
     alone = tmp_path / "alone.toml"
-    alone.write_text(EVERY_STAGE.format(model=household_sft_model_dir, sft_batch=4, more=""))
+    alone.write_text(EVERY_STAGE.format(model=household_sft_model_dir, sft_batch=4, more=OFFLINE.format(batch=2)))
     from turnforge.pipeline import run_recipe
     from turnforge.recipes import load_recipe
 
-    single = run_recipe(load_recipe(alone), tmp_path / "alone", console=None)
-    assert single["stages"]["sft"]["result"]["train_loss"] == pytest.approx(stages["sft"]["train_loss"], rel=1e-4)
+    single = run_recipe(load_recipe(alone), tmp_path / "alone", console=None)["stages"]
+    for stage in ("sft", "dpo", "rft"):
+        assert single[stage]["result"]["train_loss"] == pytest.approx(stages[stage]["train_loss"], rel=1e-4), stage
 
 
 def test_a_launch_asked_for_two_processes_that_starts_one_is_refused(tmp_path: Path):

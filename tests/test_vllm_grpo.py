@@ -26,7 +26,7 @@ from turnforge.policies.teacher import VLLMTeacher, token_logprobs
 from turnforge.train.grpo import EpisodeRollouts, train_on_episodes
 from turnforge.train.grpo_trainer import EpisodeGRPOTrainer
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
-from vllm_engines import COLOCATE_MEMORY_SHARE, needs_vllm
+from vllm_engines import colocate_memory_share, needs_vllm
 
 pytestmark = [pytest.mark.vllm, needs_vllm]
 
@@ -61,7 +61,7 @@ def test_two_colocated_vllm_grpo_steps_train_and_the_engine_generates_with_the_t
     settings = GRPOSettings(
         steps=2, tasks_per_step=2, num_generations=4, max_new_tokens=12, learning_rate=1e-2,
         rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0}, use_vllm=True,
-        trl={"vllm_mode": "colocate", "vllm_gpu_memory_utilization": COLOCATE_MEMORY_SHARE},
+        trl={"vllm_mode": "colocate", "vllm_gpu_memory_utilization": colocate_memory_share()},
     )
     _, tokenizer = load_model(str(household_sft_model_dir), dtype="float32", device="cpu")
     probe = tokenizer("ACTION: go to countertop 1\nACTION: take mug 1 from countertop 1")["input_ids"]
@@ -98,7 +98,7 @@ def test_async_grpo_on_the_colocated_engine_trains_within_the_staleness_bound(ho
     settings = GRPOSettings(
         steps=3, tasks_per_step=2, num_generations=2, max_new_tokens=12, learning_rate=1e-2, max_staleness=1,
         rewards={"outcome": 1.0, "format": 1.0, "tool_call": 1.0}, use_vllm=True,
-        trl={"vllm_mode": "colocate", "vllm_gpu_memory_utilization": COLOCATE_MEMORY_SHARE},
+        trl={"vllm_mode": "colocate", "vllm_gpu_memory_utilization": colocate_memory_share()},
     )
     result = run_grpo(str(household_sft_model_dir), "household", ENV_OPTIONS, tasks, tmp_path, settings)
     assert result["steps"] == 3 and result["episodes"] == 12

@@ -39,3 +39,13 @@ COLOCATE_MEMORY_SHARE = round(min(0.5, 3 * 2**30 / (os.sysconf("SC_PAGE_SIZE") *
 """TRL's `vllm_gpu_memory_utilization` for its colocated engine on vLLM's CPU backend: the share of the machine's
 memory vLLM reserves, the trainer's process included (~2 GiB after a tiny SFT), the rest for the KV cache; 3 GiB
 (0.05 of 24 GiB left no KV cache)."""
+
+
+def colocate_memory_share(kv_bytes: int = 2**30) -> float:
+    """`COLOCATE_MEMORY_SHARE` measured now: this process's resident memory plus `kv_bytes` of KV cache, as a share of
+    the machine's. A test after another colocated one in the same process starts bigger (an earlier engine and
+    trainer not all freed: 3.0 GiB resident, so the fixed 3 GiB share left -0.01 GiB of KV cache and vLLM refused)."""
+    with open("/proc/self/statm", encoding="ascii") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return round(min(0.5, (resident + kv_bytes) / (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))), 3)
+

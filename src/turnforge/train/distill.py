@@ -47,6 +47,7 @@ from turnforge.policies.teacher import Teacher, token_logprobs
 from turnforge.train.grpo import train_on_episodes
 from turnforge.train.grpo_rollouts import EpisodeRollouts
 from turnforge.train.grpo_trainer import EpisodeGRPOTrainer, real_spans, row_chunks
+from turnforge.train.runtime import train_loss
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
 from turnforge.types import Task
 
@@ -265,7 +266,7 @@ def run_distill(
     kl = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "teacher_kl")])
     return {
         "steps": int(result.global_step),
-        "train_loss": float(result.training_loss),
+        "train_loss": train_loss(result),
         "episodes": rollouts.episodes,
         "teacher": teacher.name,
         # the per-token reverse KL to the teacher on the student's own episodes, first and last quarter of the batches

@@ -42,6 +42,7 @@ from turnforge.train.runtime import (
     MetricsFileCallback,
     resume_point,
     save_trained,
+    train_loss,
     training_dtype,
     trl_config,
 )
@@ -114,7 +115,7 @@ def run_dpo(model: str, data: list[str], out_dir: Path, settings: DPOSettings, a
     margins = [h["rewards/margins"] for h in trainer.state.log_history if "rewards/margins" in h]
     used = pairs[: len(dataset)]
     return {
-        "train_loss": float(result.training_loss),
+        "train_loss": train_loss(result),
         "steps": int(result.global_step),
         "pairs": len(trainer.train_dataset),
         "dropped_too_long": dropped,

@@ -72,6 +72,7 @@ from turnforge.train.runtime import (
     MetricsFileCallback,
     resume_point,
     save_trained,
+    train_loss,
     training_dtype,
     trl_config,
 )
@@ -153,7 +154,7 @@ def run_grpo(
     drawn = quarter_means([y for _, y in read_points(out_dir / ROLLOUTS_FILE, "batch", "drawn_reward")])
     return {
         "steps": int(result.global_step),
-        "train_loss": float(result.training_loss),
+        "train_loss": train_loss(result),
         "episodes": rollouts.episodes,
         # the reward of the tasks the steps drew (before dynamic sampling), first and last quarter of the batches
         "drawn_reward_quarters": [round(v, 4) for v in drawn] if drawn else None,

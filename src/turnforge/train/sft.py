@@ -59,6 +59,7 @@ from turnforge.train.runtime import (
     forward_cache,
     resume_point,
     save_trained,
+    train_loss,
     training_dtype,
     trl_config,
 )
@@ -357,7 +358,7 @@ def run_sft(model: str, data: list[str], out_dir: Path, settings: SFTSettings) -
 
     save_trained(trainer, tokenizer, out_dir, settings.lora, settings.merge)
     return {
-        "train_loss": float(result.training_loss),
+        "train_loss": train_loss(result),
         "steps": int(result.global_step),
         "examples": len(dataset),
         "tokens": counts.tokens,
