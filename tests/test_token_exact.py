@@ -197,3 +197,23 @@ def test_max_total_tokens_with_a_window_counts_the_windowed_prompt(tiny_model_di
 
 def make_env_household():
     return make_env("household")
+
+
+# ChatML without tool support (as many base templates): prefix-preserving, but `tools` never reach the prompt.
+NO_TOOLS = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_template_without_tools_is_refused_for_a_tool_format_in_one_line(tiny_model_dir, tasks):
+    """An env played in a tool-call format on a template that leaves the tools out: one line naming the text formats
+    that work instead, before any reply; the same template plays the env's text format."""
+    tokenizer = tokenizer_with(tiny_model_dir, NO_TOOLS)
+    policy = ExpertTokenPolicy(tokenizer)
+    with pytest.raises(ValueError, match=r"does not render tools, so the model would never see the env's tools: "
+                                         r"play the env in a text format instead \(--env-opt format=react, or act_line"):
+        run_episodes(policy, lambda: make_env("household", format="tool_call"), tasks[:1], 1, renderer=policy.renderer)
+    trajs = run_episodes(policy, lambda: make_env("household", format="act_line"), tasks[:1], 1,
+                         renderer=policy.renderer)
+    assert trajs[0].stop_reason is StopReason.success

@@ -150,6 +150,8 @@ class ChatTemplateRenderer:
 
     def prompt_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None) -> list[int]:
         """Ids of the whole of `messages`, ending with the header of the assistant turn to generate."""
+        if tools:
+            check_renders_tools(self.tokenizer)
         return encode(self.tokenizer, self._render(messages, tools))
 
     def observation_ids(
@@ -325,6 +327,23 @@ def trl_chat_template(name: str) -> str:
     if not path.is_file():
         raise ValueError(f"trl ships no chat template {name!r}; see {resources.files('trl') / 'chat_templates'}")
     return path.read_text(encoding="utf-8")
+
+
+def check_renders_tools(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise one clear ValueError when the chat template leaves `tools` out of the prompt: the model would never see
+    the env's tools (a template without tool support renders the same text with them and without)."""
+    key = tokenizer.chat_template
+    if key in _RENDERS_TOOLS:
+        return
+    probe = [{"role": "user", "content": "task"}]
+    if render(tokenizer, probe, [_TOOL], True) == render(tokenizer, probe, None, True):
+        raise ValueError(f"{template_name(tokenizer)} does not render tools, so the model would never see the env's "
+                         "tools: play the env in a text format instead (--env-opt format=react, or act_line where the env "
+                         "has it; a recipe's [env] format), or use a model whose template supports tools")
+    _RENDERS_TOOLS.add(key)
+
+
+_RENDERS_TOOLS: set[str] = set()
 
 
 def template_name(tokenizer: PreTrainedTokenizerBase) -> str:
