@@ -312,3 +312,22 @@ def test_an_fsdp_launch_on_cpu_processes_is_refused(tmp_path: Path):
     assert ours == ["error: an FSDP launch on a machine without a GPU would train as DDP (accelerate turns FSDP on "
                     "for GPU processes only): on a CPU launch with configs/accelerate/ddp.yaml"], done.stderr[-2000:]
     assert not (tmp_path / "qs").exists()
+
+
+def test_main_process_work_forgets_the_last_trainers_zero3_config():
+    """A ZeRO-3 trainer leaves transformers' global DeepSpeed config set: a model the main process then loads alone
+    would be partitioned with collectives the waiting processes never join. `forget_zero3` (run by every process as
+    `main_process_result` starts) drops it, through transformers' own setter (which must keep existing)."""
+    from transformers.integrations import deepspeed
+
+    from turnforge.launch import forget_zero3
+
+    class Zero3:
+        def is_zero3(self) -> bool:
+            return True
+
+    config = Zero3()
+    deepspeed.set_hf_deepspeed_config(config)
+    assert deepspeed.is_deepspeed_zero3_enabled()
+    forget_zero3()
+    assert not deepspeed.is_deepspeed_zero3_enabled()

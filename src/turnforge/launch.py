@@ -105,6 +105,18 @@ def on_main_process(fn: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def forget_zero3() -> None:
+    """Every process drops transformers' global DeepSpeed ZeRO-3 config (left by the last trainer): with it, a model
+    the main process loads alone (to evaluate, to sample) is partitioned by `deepspeed.zero.Init`, a collective the
+    waiting processes never join (measured with ZeRO-3 on 2 CPU processes: the eval after GRPO died in gloo, "Received
+    data size doesn't match expected size"). The next trainer sets its own again."""
+    import sys
+
+    deepspeed = sys.modules.get("transformers.integrations.deepspeed")
+    if deepspeed is not None:
+        deepspeed.unset_hf_deepspeed_config()
+
+
 def main_process_result(fn: Callable[[], T]) -> T:
     """`fn()` on the main process only; every process returns its result (pickled across), or raises its error.
 
@@ -114,6 +126,8 @@ def main_process_result(fn: Callable[[], T]) -> T:
     if not launched() or getattr(_alone, "active", False):
         return fn()
     from accelerate.utils import broadcast_object_list
+
+    forget_zero3()
 
     state = _state()
     box: list[Any] = [None]
