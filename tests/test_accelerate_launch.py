@@ -137,6 +137,7 @@ batch_size = {sft_batch}
 max_length = 512
 logging_steps = 1
 learning_rate = 1e-3
+packing = "prefix"
 {more}
 """
 

@@ -268,11 +268,6 @@ class SharedPrefixSFTTrainer(SFTTrainer):
     PREFIX_BLOCK = 64
     ROWS_PER_CHUNK = 2  # fastest of 8, 4, 2 and 1 on the quickstart (BENCHMARKS.md)
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if self.accelerator.num_processes > 1:  # two forwards of the wrapped model a step: not checked with DDP/FSDP
-            raise ValueError('packing = "prefix" runs in one process only; under accelerate launch use another packing')
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids, labels, mask = inputs["input_ids"], inputs["labels"], inputs.get("attention_mask")
         p = shared_prefix_length(ids, labels, mask, self.PREFIX_BLOCK)
@@ -287,7 +282,7 @@ class SharedPrefixSFTTrainer(SFTTrainer):
         marks = {name: len(metrics[name]) for name in ("entropy", "mean_token_accuracy")}
         loss, weights = None, []
         for rows, width in prefix_chunks(labels, mask, p, self.ROWS_PER_CHUNK, self.PREFIX_BLOCK):
-            cache = expanded_cache(prefix, len(rows), model.config)
+            cache = expanded_cache(prefix, len(rows), self.accelerator.unwrap_model(model).config)
             positions = torch.arange(p, width, device=ids.device).expand(len(rows), -1)
             chunk_labels = labels[rows, p:width]
             chunk = {**inputs, "input_ids": ids[rows, p:width], "labels": chunk_labels, "position_ids": positions,
