@@ -43,6 +43,7 @@ from turnforge.envs.household.env import HouseholdEnv
 from turnforge.machine import machine_info
 from turnforge.recipes import load_recipe
 from turnforge.tiny_model import build_tiny_model
+from turnforge.train import grpo_async
 from turnforge.train.grpo import GRPOSettings, run_grpo
 
 ENV = {"format": "act_line", "max_steps": 6, "step_delay_ms": 1}  # > 0: env steps run in worker threads
@@ -115,6 +116,8 @@ def one_run(model: Path, k: int, seed: int, steps: int, out: Path, trained: bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", choices=("household", "retail"), default="household")
+    parser.add_argument("--no-core-split", action="store_true",
+                        help="the trainer and the engine each take every free core (the behaviour before the split)")
     parser.add_argument("--data-dir", type=Path, default=RETAIL_DATA, help="--env retail: tau2-bench's retail domain")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--median-ms", type=float, default=40.0)
@@ -124,6 +127,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None,
                         help="a start model trained on household (the quickstart's SFT model); default: the untrained tiny")
     args = parser.parse_args()
+    if args.no_core_split:
+        grpo_async.computing_threads = lambda n: None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.env == "retail":

@@ -106,9 +106,9 @@ def _main(
     verbose: Annotated[bool, typer.Option("--verbose", help="Also show the libraries' warnings and logs.")] = False,
 ) -> None:
     """Train and evaluate small LLM agents on multi-turn, tool-using environments."""
-    from turnforge.launch import one_process_launch, quiet_other_processes
+    from turnforge.launch import quiet_other_processes, refused_launch
 
-    if (refused := one_process_launch()) is not None:
+    if (refused := refused_launch()) is not None:
         if os.environ.get("RANK", "0") == "0":  # every process stops; the main one says why
             typer.echo(f"error: {refused}", err=True)
         raise typer.Exit(USAGE_ERROR)

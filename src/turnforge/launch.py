@@ -35,7 +35,7 @@ def processes() -> int:
     return max(1, int(os.environ.get("WORLD_SIZE", "1")))
 
 
-def one_process_launch() -> str | None:
+def refused_launch() -> str | None:
     """One line when `accelerate launch` was asked for several processes but started this one alone, or for FSDP on
     CPU processes (which would train as DDP), else None.
 

@@ -143,7 +143,7 @@ class SerialBatches:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["policy"], name)
 
-    def generate(self, prompts, params, on_token=None):
+    def generate(self, prompts, params):
         mine: Future = Future()
         with self.mutex:
             self.pending.append((list(prompts), params, mine))
@@ -220,7 +220,7 @@ class AsyncEpisodeRollouts(EpisodeRollouts):
         self.error: BaseException | None = None
         self.closing = False
         self.generator = self.policy = self.sync = self.stream = self.serial = None
-        self.start_step = self.rank = 0
+        self.start_step = 0
         self.generator_busy_s = 0.0
         self.trainer_waiting = False
         self._extra: dict[str, Any] = {}
