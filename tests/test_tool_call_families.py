@@ -1,0 +1,143 @@
+"""The per-family tool-call formats (`tool_call:llama3`, ...): hand-written replies and what they parse to, the round
+trip, equality with the family's chat template where it renders tool calls, strict vs lenient, and `parse` never
+raising. Agreement with vLLM's parsers on generated replies is tests/test_tool_call_families_vllm.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from turnforge.formats import FormatError, get_format
+from turnforge.formats.chat_template import trl_chat_template
+from turnforge.types import Message, ToolCall
+
+FAST = settings(max_examples=300, deadline=None)
+FAMILY_FORMATS = ["tool_call:llama3"]
+
+
+def calls(*pairs: tuple[str, dict]) -> Message:
+    return Message("assistant", "", tool_calls=[ToolCall(name, args) for name, args in pairs])
+
+
+def template_text(template: str, message: Message, **kwargs) -> str:
+    """What the chat template writes for `message` after a user turn, less the prompt before it."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    user = {"role": "user", "content": "Go."}
+    before, _ = render_jinja_template(conversations=[[user]], chat_template=template, add_generation_prompt=True,
+                                      **kwargs)
+    after, _ = render_jinja_template(conversations=[[user, message.to_dict()]], chat_template=template, **kwargs)
+    assert after[0].startswith(before[0])
+    return after[0][len(before[0]):]
+
+
+ARGUMENT_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+ARGUMENTS = st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True), ARGUMENT_VALUES, max_size=4)
+TOOL_NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,12}", fullmatch=True)
+
+
+@pytest.mark.parametrize("name", FAMILY_FORMATS)
+@FAST
+@given(text=st.text(max_size=200) | st.sampled_from(["{", "[", "<|tool_call_start|>[", "functools[", "<tool_call>"])
+          .flatmap(lambda start: st.text(max_size=120).map(lambda rest: start + rest)))
+def test_parse_never_raises(name, text):
+    fmt = get_format(name)
+    for result in (fmt.parse(text), fmt.parse_strict(text), fmt.parse_lenient(text).result):
+        assert isinstance(result, Message | FormatError)
+
+
+@pytest.mark.parametrize("name", FAMILY_FORMATS)
+@FAST
+@given(pairs=st.lists(st.tuples(TOOL_NAMES, ARGUMENTS), min_size=1, max_size=3))
+def test_round_trip(name, pairs):
+    fmt = get_format(name)
+    message = calls(*pairs)
+    text = fmt.render(message)
+    assert fmt.parse(text) == message
+    assert fmt.parse_lenient(text).fixes == []
+    assert fmt.parse_strict(text) == message
+
+
+@pytest.mark.parametrize("name", FAMILY_FORMATS)
+def test_registered_with_its_name_and_marker(name):
+    fmt = get_format(name)
+    assert fmt.name == name and fmt.uses_tools
+    assert fmt.call_marker in fmt.render(calls(("act", {"action": "look"})))
+    assert "Invalid tool call" in fmt.error_observation(FormatError("bad", "x"))
+
+
+# --- tool_call:llama3 -------------------------------------------------------------------------------------------
+
+llama3 = get_format("tool_call:llama3")
+LOOK = ("act", {"action": "look", "n": 2})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "fixes"),
+    [
+        ('{"name": "act", "parameters": {"action": "look", "n": 2}}', calls(LOOK), []),
+        ('<|python_tag|>{"name": "act", "parameters": {"action": "look", "n": 2}}', calls(LOOK), []),
+        ('{"name": "act", "parameters": {}}; {"name": "pwd", "parameters": {"x": [1, {"y": "}"}]}}',
+         calls(("act", {}), ("pwd", {"x": [1, {"y": "}"}]})), []),
+        ('{"name": "act", "arguments": {"action": "look", "n": 2}}', calls(LOOK), ['"arguments" instead of "parameters"']),
+        ('I will look.\n{"name": "act", "parameters": {"action": "look", "n": 2}}\nDone.', calls(LOOK),
+         ["text before the call", "text after the call"]),
+        ('{"name": "a", "parameters": {}}\n{"name": "b", "parameters": {}}', calls(("a", {}), ("b", {})),
+         ["calls separated by something other than '; '"]),
+        ('{"name": "act", "parameters": {}, "id": 1}', calls(("act", {})), ["extra keys in tool call 1"]),
+    ],
+)
+def test_llama3_reads(text, expected, fixes):
+    parsed = llama3.parse_lenient(text)
+    assert (parsed.result, parsed.fixes) == (expected, fixes)
+    assert llama3.parse_strict(text) == expected if not fixes else isinstance(llama3.parse_strict(text), FormatError)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("I looked around.", "no tool call"),
+        ('Use {braces} then {"name": "act", "parameters": {}}', "not valid JSON"),  # vLLM reads no call either
+        ('{"name": "act", "parameters": {}}; {"name": "b", "param', "not valid JSON"),  # cut off: none, as vLLM
+        ('{"action": "look"}', 'no "name"'),
+        ('{"name": "act"}', 'no "parameters"'),
+        ('{"name": 3, "parameters": {}}', '"name" must be a string'),
+        ('{"name": "act", "parameters": "look"}', "must be a JSON object"),  # vLLM passes "look" on (known)
+    ],
+)
+def test_llama3_refuses(text, reason):
+    result = llama3.parse(text)
+    assert isinstance(result, FormatError) and reason in result.reason
+
+
+def test_llama3_render_is_what_llama_3_2s_template_writes():
+    template = trl_chat_template("llama3_2.jinja")
+    for message in (calls(LOOK), calls(("find", {"q": 'say "hi" 東京', "nested": {"a": [1, None, True, 1.5]}})),
+                    calls(("pwd", {}))):
+        assert llama3.render(message) == template_text(template, message, bos_token="").removesuffix("<|eot_id|>")
+    assert llama3.render(calls(LOOK)) == '{"name": "act", "parameters": {"action": "look", "n": 2}}'
+    assert llama3.render(Message("assistant", " Paris. ")) == "Paris."
+
+
+def test_llama3_has_no_place_for_text_beside_a_call():
+    assert llama3.thoughts is False
+    with pytest.raises(ValueError, match="no place for a thought"):
+        llama3.render(calls(LOOK), thought="I look.")
+    with pytest.raises(ValueError, match="text beside tool calls"):
+        llama3.render(Message("assistant", "I look.", tool_calls=calls(LOOK).tool_calls))
+
+
+def test_llama3_system_prompt_is_the_templates_tool_section():
+    tool = {"type": "function", "function": {"name": "act", "parameters": {"type": "object"}}}
+    template = trl_chat_template("llama3_2.jinja")
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    text, _ = render_jinja_template(conversations=[[{"role": "user", "content": "Go."}]], tools=[tool],
+                                    chat_template=template, bos_token="", date_string="1 Jan 2025")
+    assert llama3.system_prompt([tool]) + "Go.<|eot_id|>" in text[0]
+    assert llama3.system_prompt().startswith("Given the following functions")
