@@ -193,6 +193,7 @@ class CharRenderer:
     """Each message renders as <role>content</>; the prompt ends with the <assistant> header."""
 
     window = None
+    family = None
 
     def prompt_ids(self, messages, tools):
         return _encode(_chat_template(messages))

@@ -18,7 +18,8 @@ from turnforge.formats.chat_template import trl_chat_template
 from turnforge.models import load_model
 from turnforge.recipes import load_recipe
 from turnforge.stages.context import RunContext
-from turnforge.tiny_model import QWEN3_ADDED_TOKENS, SIZES, build_tiny_model, resolve_model, tiny_config
+from turnforge.formats.families import QWEN3_TOKENS
+from turnforge.tiny_model import HOUSEHOLD, SIZES, build_tiny_model, resolve_model, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_tiny_model_is_a_small_qwen3_with_qwen3s_chat_tokens_and_template(tiny_m
     assert loaded.padding_side == "left"
     assert model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     # Qwen3's added tokens are single ids; the <|...|> ones are special, the tool/think tags are not (as in Qwen3)
-    for token, special in QWEN3_ADDED_TOKENS:
+    for token, special in QWEN3_TOKENS:
         [token_id] = tokenizer.encode(token)
         assert (tokenizer.decode([token_id], skip_special_tokens=True) == "") == special, token
     info = json.loads((tiny_model_dir / "turnforge_tiny.json").read_text())
@@ -98,8 +99,8 @@ def test_sizes():
 def test_resolve_model_builds_tiny_once(tmp_path, monkeypatch):
     built = []
 
-    def fake_build(out_dir, envs):
-        built.append((out_dir, envs))
+    def fake_build(out_dir, envs, family):
+        built.append((out_dir, envs, family))
         out_dir.mkdir(parents=True)
         (out_dir / "config.json").write_text("{}")
         return out_dir
@@ -108,7 +109,10 @@ def test_resolve_model_builds_tiny_once(tmp_path, monkeypatch):
     assert resolve_model("Qwen/Qwen3-4B-Instruct-2507", tmp_path) == "Qwen/Qwen3-4B-Instruct-2507"
     assert resolve_model("tiny", tmp_path, [("sql", {})]) == str(tmp_path / "tiny")
     assert resolve_model("tiny", tmp_path) == str(tmp_path / "tiny")  # kept: its run was trained with it
-    assert built == [(tmp_path / "tiny", [("sql", {})])]
+    assert resolve_model("tiny:llama3", tmp_path) == str(tmp_path / "tiny-llama3")  # another family: its own folder
+    assert built == [(tmp_path / "tiny", [("sql", {})], "qwen3"), (tmp_path / "tiny-llama3", HOUSEHOLD, "llama3")]
+    with pytest.raises(ValueError, match="unknown model family 'gpt2'; choose one of: "):
+        resolve_model("tiny:gpt2", tmp_path)
 
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"

@@ -161,9 +161,10 @@ NEWLINE_BEFORE_END = DROPS_EARLIER_REPLIES.replace(
     [
         (DROPS_EARLIER_REPLIES, r"is not prefix-preserving: appending the observation after assistant turn 1"),
         (NEWLINE_BEFORE_END, r"does not render an assistant reply verbatim"),
-        ("qwen3.jinja", r"chat template trl/chat_templates/qwen3\.jinja cannot be used for token-exact rollouts"),
+        ("deepseek_r1_distill.jinja",
+         r"chat template trl/chat_templates/deepseek_r1_distill\.jinja cannot be used for token-exact rollouts"),
     ],
-    ids=["drops-earlier-replies", "newline-before-end", "trl-qwen3-thinking"],
+    ids=["drops-earlier-replies", "newline-before-end", "trl-deepseek-r1-distill"],
 )
 def test_a_template_that_would_drift_is_refused_at_startup(tiny_model_dir, template, message):
     tokenizer = tokenizer_with(tiny_model_dir, template)

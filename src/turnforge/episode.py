@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from turnforge.envs.base import Env
 from turnforge.formats.base import FormatError
 from turnforge.formats.chat_template import ChatRenderer, window_messages
+from turnforge.formats.families import visible_reply
 from turnforge.policies.base import CONTEXT_LENGTH, Generation
 from turnforge.types import Message, Score, StepResult, StopReason, Task, Trajectory, Turn
 
@@ -90,7 +91,7 @@ def step_episode(ep: Episode, gen: Generation, limits: RolloutLimits, renderer: 
         return
     t0 = time.perf_counter()
     try:
-        parsed = ep.env.format.parse(gen.text)
+        parsed = ep.env.format.parse(visible_reply(renderer.family if renderer is not None else None, gen.text))
         result = ep.env.step(parsed)
     except Exception:
         fail_episode(ep)

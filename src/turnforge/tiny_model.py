@@ -21,6 +21,11 @@ Departures from Qwen3's tokenizer: no NFC normalizer (so arbitrary text round-tr
 number after it as one piece (`TINY_SPLIT`), and a vocab of at most 3k instead of 151k. A recipe's
 `model = "tiny"` builds it once under the run's cache, for the recipe's envs (`resolve_model`).
 
+`tiny:FAMILY` (`tiny:llama3`, `tiny:qwen3_thinking`, `tiny:lfm2`; `turnforge.formats.families`) is the same model with
+another family's tokenizer side: that family's chat template (TRL's copy), added tokens, end-of-turn and pad, and a
+corpus whose tool calls are written in the family's own format. The network stays a Qwen3 (random weights): what a
+family changes for turnforge is its text, not its layers. `tiny` is `tiny:qwen3`, the quickstart's model.
+
 This module sits above the rollout engine (it plays the env's expert for its corpus), hence its own module
 beside `rollout.py` rather than in `turnforge.models`, which the policies (below the rollout engine) load with.
 
@@ -41,41 +46,13 @@ from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
 from turnforge.formats.chat_template import trl_chat_template
+from turnforge.formats.families import Family, get_family
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
+from turnforge.types import StopReason
 
-CHAT_TEMPLATE = "qwen3_instruct_2507.jinja"
-"""The TRL file whose text becomes the tiny tokenizer's chat template (Qwen3-4B-Instruct-2507's)."""
-
-# Qwen3's added tokens in Qwen3's order (ids 151643-151668 there, the last ids here), and whether each is special.
-QWEN3_ADDED_TOKENS: list[tuple[str, bool]] = [
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-]
+TINY = "tiny"
+"""The quickstart's model: `tiny:qwen3`, Qwen3-4B-Instruct-2507's template (`trl/chat_templates/qwen3_instruct_2507.jinja`)."""
 
 # The tiny tokenizer's split: Qwen2 / Qwen3's (tokenizer.json of Qwen/Qwen3-4B-Instruct-2507), except that a word
 # and the number after it ("cabinet 12", "apple 2") are one piece, and so one token once BPE has merged it: the
@@ -121,8 +98,10 @@ TinyEnvs = Sequence[tuple[str, dict[str, Any]]]
 HOUSEHOLD: TinyEnvs = (("household", {}),)
 
 
-def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str = "tiny", seed: int = 0) -> Path:
-    """Build the tokenizer (on the text of `envs`) and a random Qwen3 of `size` ("tiny" | "small") into `out_dir`.
+def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str = "tiny", seed: int = 0,
+                     family: str = "qwen3") -> Path:
+    """Build the tokenizer (on the text of `envs`, in `family`'s template and formats) and a random Qwen3 of `size`
+    ("tiny" | "small") into `out_dir`.
 
     The files are written to a temporary folder next to `out_dir` and moved in place at the end, so a killed
     build never leaves a half-written model behind.
@@ -131,16 +110,17 @@ def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str 
         raise ValueError(f"unknown tiny model size {size!r}; choose one of: {', '.join(SIZES)}")
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    chosen = get_family(family)
     sources = corpus_envs(envs)
-    tokenizer = train_tokenizer(text for env, options in sources for text in env_corpus(env, options))
-    model = tiny_model(tokenizer, size, seed)
+    tokenizer = train_tokenizer((text for env, options in sources for text in env_corpus(env, options, chosen)), chosen)
+    model = tiny_model(tokenizer, size, seed, chosen)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "turnforge_tiny.json").write_text(
             json.dumps({"envs": [{"env": env, "options": options} for env, options in sources], "size": size,
-                        "seed": seed, "chat_template": f"trl/chat_templates/{CHAT_TEMPLATE}",
+                        "seed": seed, "family": family, "chat_template": f"trl/chat_templates/{chosen.template}",
                         "parameters": model.num_parameters()}, indent=2) + "\n"
         )
         if out_dir.exists():
@@ -151,14 +131,27 @@ def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str 
     return out_dir
 
 
+def is_tiny(spec: str) -> bool:
+    """Whether a model spec names an offline tiny model: "tiny" or "tiny:FAMILY"."""
+    return spec == TINY or spec.startswith(TINY + ":")
+
+
+def tiny_family(spec: str) -> str:
+    """The family a tiny spec names ("tiny" -> "qwen3"), checked: an unknown one is a one-line error."""
+    name = spec.partition(":")[2] or "qwen3"
+    return get_family(name).name
+
+
 def resolve_model(spec: str, cache_dir: Path, envs: TinyEnvs = HOUSEHOLD) -> str:
-    """"tiny" -> `cache_dir/tiny`, built there first (for `envs`) when absent; any other spec (path or Hub id)
-    unchanged. A tiny model already there is kept: the stages of its run were trained with its tokenizer."""
-    if spec != "tiny":
+    """"tiny" -> `cache_dir/tiny` ("tiny:FAMILY" -> `cache_dir/tiny-FAMILY`), built there first (for `envs`) when
+    absent; any other spec (path or Hub id) unchanged. A tiny model already there is kept: the stages of its run were
+    trained with its tokenizer."""
+    if not is_tiny(spec):
         return spec
-    path = Path(cache_dir) / "tiny"
+    family = tiny_family(spec)
+    path = Path(cache_dir) / (TINY if spec == TINY else f"{TINY}-{family}")
     if not (path / "config.json").is_file():
-        build_tiny_model(path, envs=envs)
+        build_tiny_model(path, envs=envs, family=family)
     return str(path)
 
 
@@ -179,33 +172,40 @@ def corpus_envs(envs: TinyEnvs) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def env_corpus(env: str, env_options: dict[str, Any]) -> Iterator[str]:
-    """Rendered expert episodes (chat template text) for every grammar and format the env offers, then the
-    env's names (`EnvSpec.vocabulary`)."""
+def env_corpus(env: str, env_options: dict[str, Any], family: Family | None = None) -> Iterator[str]:
+    """Rendered expert episodes (`family`'s chat template text; Qwen3's by default) for every grammar and format the
+    env offers (tool calls in the family's format), then the env's names (`EnvSpec.vocabulary`)."""
     from transformers.utils.chat_template_utils import render_jinja_template  # ~0.5 s: as the builders below
 
+    family = family or get_family("qwen3")
     spec = get_env_spec(env)
-    template = trl_chat_template(CHAT_TEMPLATE)
+    template = trl_chat_template(family.template)
     split = "train" if "train" in spec.splits else spec.splits[0]
     # a smaller split: all of it
     tasks = load_tasks(env, split, limit=min(CORPUS_TASKS, split_size(env, split, **env_options)), **env_options)
-    for variant in _variants(spec, env_options):
+    for variant in _variants(spec, env_options, family):
         trajs = run_episodes(ExpertPolicy(), lambda variant=variant: make_env(env, **variant), tasks, 1)
         for traj in trajs:
+            if traj.stop_reason is StopReason.env_error:  # the corpus would silently miss this variant's text
+                raise RuntimeError(f"the {env} expert failed on {traj.task_id} ({variant}): {traj.score.details['error']}")
             text, _ = render_jinja_template(
                 conversations=[[m.to_dict() for m in traj.messages]], tools=traj.tools,
-                chat_template=template, add_generation_prompt=True,
+                chat_template=template, add_generation_prompt=True, bos_token=family.bos or "",
             )
             yield text[0]
     if spec.vocabulary is not None:  # names no sampled episode showed still become whole tokens
         yield "".join(f" {name}" for name in spec.words(env_options))
 
 
-def _variants(spec: Any, env_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """One env option set per (grammar, format) the env accepts; the caller's options win."""
+def _variants(spec: Any, env_options: dict[str, Any], family: Family) -> list[dict[str, Any]]:
+    """One env option set per (grammar, format) the env accepts, tool calls in `family`'s format (none where its
+    template renders no tools); the caller's options win, a tool format among them written in the family's."""
     options = {o.name: o for o in spec.options}
     grammars = list(options["grammar"].choices or ()) if "grammar" in options else [None]
     formats = [f for f in CORPUS_FORMATS if "format" in options and f in (options["format"].choices or ())] or [None]
+    formats = [family.tool_format if f == "tool_call" else f for f in formats if f != "tool_call" or family.tool_format]
+    if env_options.get("format") == "tool_call" and family.tool_format:
+        env_options = {**env_options, "format": family.tool_format}
     variants = []
     for grammar in grammars:
         for fmt in formats:
@@ -216,8 +216,9 @@ def _variants(spec: Any, env_options: dict[str, Any]) -> list[dict[str, Any]]:
     return variants
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
-    """A byte-level BPE on `texts` with Qwen3's added tokens and chat template, as a transformers tokenizer."""
+def train_tokenizer(texts: Iterator[str], family: Family | None = None, vocab_size: int = VOCAB_SIZE) -> Any:
+    """A byte-level BPE on `texts` with `family`'s added tokens and chat template (Qwen3's by default), as a
+    transformers tokenizer."""
     import re
 
     from tokenizers import (
@@ -232,7 +233,8 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
     )
     from transformers import PreTrainedTokenizerFast
 
-    added = [token for token, _ in QWEN3_ADDED_TOKENS]
+    family = family or get_family("qwen3")
+    added = [token for token, _ in family.tokens]
     splitter = re.compile("|".join(re.escape(t) for t in added))
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
@@ -248,16 +250,15 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int = VOCAB_SIZE) -> Any:
     )
     # The added tokens are cut out of the corpus: they are single ids, never BPE pieces.
     bpe.train_from_iterator((piece for text in texts for piece in splitter.split(text) if piece), trainer)
-    bpe.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in QWEN3_ADDED_TOKENS])
+    bpe.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in family.tokens])
+    named = {"eos_token": family.eos, "pad_token": family.pad} | ({"bos_token": family.bos} if family.bos else {})
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=[t for t, special in QWEN3_ADDED_TOKENS if special and t not in
-                              ("<|endoftext|>", "<|im_end|>")],
+        **named,
+        extra_special_tokens=[t for t, special in family.tokens if special and t not in named.values()],
         model_max_length=MAX_POSITIONS,
         clean_up_tokenization_spaces=False,
-        chat_template=trl_chat_template(CHAT_TEMPLATE),
+        chat_template=trl_chat_template(family.template),
     )
 
 
@@ -284,12 +285,14 @@ def tiny_config(size: str, vocab_size: int, eos_token_id: int | None = None, pad
     )
 
 
-def tiny_model(tokenizer: Any, size: str, seed: int) -> Any:
-    """A randomly initialised `Qwen3ForCausalLM` sized for `tokenizer`, stopping at `<|im_end|>` or `<|endoftext|>`."""
+def tiny_model(tokenizer: Any, size: str, seed: int, family: Family | None = None) -> Any:
+    """A randomly initialised `Qwen3ForCausalLM` sized for `tokenizer`, stopping at the family's end-of-turn or pad
+    (Qwen3's: `<|im_end|>` or `<|endoftext|>`)."""
     import torch
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
-    end, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    family = family or get_family("qwen3")
+    end, pad = tokenizer.convert_tokens_to_ids([family.eos, family.pad])
     config = tiny_config(size, len(tokenizer), eos_token_id=end, pad_token_id=pad)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)

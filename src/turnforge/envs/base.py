@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from turnforge.formats.base import Format, FormatError
+from turnforge.formats.families import accepts_format
 from turnforge.types import Message, Score, StepResult, Task, Trajectory
 
 
@@ -193,7 +194,8 @@ def _coerce(opt: EnvOption, value: Any, env: str) -> Any:
                 value = opt.type(value)
         except ValueError:
             raise ValueError(f"{where}: cannot read {value!r} as {opt.type.__name__}") from None
-    if opt.choices is not None and str(value) not in opt.choices:
+    chosen = accepts_format if opt.name == "format" else (lambda text, choices: text in choices)
+    if opt.choices is not None and not chosen(str(value), opt.choices):
         raise ValueError(f"{where}: {value!r} is not one of {', '.join(opt.choices)}")
     low, high = opt.at_least, opt.at_most
     if (low is not None and value < low) or (high is not None and value > high):

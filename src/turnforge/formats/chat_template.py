@@ -17,8 +17,13 @@ actually saw in every case.
 
 This needs a *prefix-preserving* template: appending messages never changes how earlier ones render,
 and an assistant reply renders verbatim followed by the end-of-turn token. Qwen3-4B-Instruct-2507's
-template is; Qwen3's thinking template is not (it drops or rewrites the reasoning of earlier turns), and
-`ChatTemplateRenderer` refuses it at construction (`check_prefix_preserving`) instead of drifting.
+template is; Qwen3's thinking template is not (it drops the reasoning of turns before the last user
+message). The renderer reads the model's family from its template (`formats/families.py`); where the
+family's own template is not prefix-preserving and TRL ships a training variant that is (Qwen3 thinking:
+`qwen3_training.jinja`, every turn's reasoning kept), the renderer renders with that variant: the ids of an
+episode are then the ids the model generated, reasoning included, and its prompts keep earlier turns'
+reasoning (docs/families.md). Any other such template is refused at construction (`check_prefix_preserving`)
+instead of drifting.
 
 With a window (`window_messages`: the system prompt, the first observation and the last N turns, as many
 ALFWorld agents keep), each turn's prompt is rendered afresh from the windowed messages, so every turn is
@@ -33,6 +38,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from turnforge.formats.families import Family, detect_family
 from turnforge.types import Message
 
 if TYPE_CHECKING:
@@ -73,10 +79,12 @@ def window_messages(messages: Sequence[ChatMessage], window: int | None) -> list
 
 
 def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage], tools: list[dict] | None,
-           generation_prompt: bool) -> str:
-    """The chat template's text for `messages` (Message objects or dicts), as `apply_chat_template` writes it."""
+           generation_prompt: bool, template: str | None = None) -> str:
+    """The chat template's text for `messages` (Message objects or dicts), as `apply_chat_template` writes it (with
+    `template` instead of the tokenizer's own when given)."""
     return tokenizer.apply_chat_template(
-        [_as_dict(m) for m in messages], tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+        [_as_dict(m) for m in messages], tools=tools, add_generation_prompt=generation_prompt, tokenize=False,
+        chat_template=template,
     )
 
 
@@ -94,6 +102,9 @@ class ChatRenderer(Protocol):
 
     window: int | None
     """None: one growing id sequence per episode. N: each prompt is `window_messages(messages, N)` rendered anew."""
+
+    family: Family | None
+    """The model's family (`formats/families.py`): the env reads its replies without their reasoning."""
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
         """Ids of a whole prompt, ending with the header of the assistant turn to generate."""
@@ -117,13 +128,17 @@ class ChatTemplateRenderer:
     """The rollout's `ChatRenderer` over a Hugging Face tokenizer's own chat template.
 
     `window`: None renders the whole history (one growing id sequence per episode); N keeps the system
-    prompt, the first observation and the last N turns, re-rendered at every turn.
+    prompt, the first observation and the last N turns, re-rendered at every turn. `family`: the model's family
+    (`formats/families.py`), read from its template unless given; `template`: the template it renders with (the
+    tokenizer's own, or its family's TRL training variant where the own one is not prefix-preserving).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, window: int | None = None, memo: bool = False):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, window: int | None = None, memo: bool = False,
+                 family: Family | None = None):
         if window is not None and window < 1:
             raise ValueError(f"window must be at least 1 assistant turn (or None for the whole history), got {window}")
-        check_prefix_preserving(tokenizer)
+        self.family = family or detect_family(tokenizer.chat_template)
+        self.template = prefix_preserving_template(tokenizer, self.family)
         self.tokenizer = tokenizer
         self.window = window
         self.eos_text: str = tokenizer.eos_token
@@ -136,13 +151,13 @@ class ChatTemplateRenderer:
         """`render(..., generation_prompt=True)`, from the memo when these very message objects were rendered lately
         (the memo holds them, so their ids cannot be reused while they are its keys)."""
         if self._memo is None:
-            return render(self.tokenizer, messages, tools, True)
+            return render(self.tokenizer, messages, tools, True, self.template)
         held = (tuple(messages), tools)
         key = (tuple(map(id, messages)), id(tools))
         if key in self._memo:
             self._memo.move_to_end(key)
             return self._memo[key][1]
-        text = render(self.tokenizer, messages, tools, True)
+        text = render(self.tokenizer, messages, tools, True, self.template)
         self._memo[key] = (held, text)
         if len(self._memo) > 4:
             self._memo.popitem(last=False)
@@ -151,7 +166,7 @@ class ChatTemplateRenderer:
     def prompt_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None) -> list[int]:
         """Ids of the whole of `messages`, ending with the header of the assistant turn to generate."""
         if tools:
-            check_renders_tools(self.tokenizer)
+            check_renders_tools(self.tokenizer, self.template)
         return encode(self.tokenizer, self._render(messages, tools))
 
     def observation_ids(
@@ -192,7 +207,7 @@ class ChatTemplateRenderer:
         after = self._render([*messages, *new_messages], tools)
         if not after.startswith(head):
             raise ValueError(
-                f"{template_name(self.tokenizer)} is not prefix-preserving on this conversation: rendering it "
+                f"{template_name(self.tokenizer, self.template)} is not prefix-preserving on this conversation: rendering it "
                 f"with message {len(messages) - 1} (assistant) and the observation after it changes the text "
                 f"before them ({_first_difference(head, after)}); token-exact rollouts cannot use it"
             )
@@ -202,7 +217,7 @@ class ChatTemplateRenderer:
         end = len(content) if rest.startswith(content + self.eos_text) else rest.find(self.eos_text)
         if end < 0:
             raise ValueError(
-                f"{template_name(self.tokenizer)} wrote no end-of-turn {self.eos_text!r} after the assistant "
+                f"{template_name(self.tokenizer, self.template)} wrote no end-of-turn {self.eos_text!r} after the assistant "
                 f"message {len(messages) - 1}; token-exact rollouts need one"
             )
         return head, rest[:end], rest[end:]
@@ -246,23 +261,41 @@ _PROBES: list[tuple[list[dict[str, Any]], list[dict] | None]] = [
         [_TOOL],
     ),
 ]
-_CHECKED: set[tuple[str, str]] = set()
+_CHECKED: set[tuple[str, str, str]] = set()
 _ADVICE = (
     "Use a template that writes each reply verbatim and never rewrites earlier turns, e.g. for "
     "Qwen3-4B-Instruct-2507: tokenizer.chat_template = trl_chat_template('qwen3_instruct_2507.jinja')."
 )
 
 
-def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase) -> None:
+def prefix_preserving_template(tokenizer: PreTrainedTokenizerBase, family: Family | None) -> str | None:
+    """The template token-exact rollouts render with: None (the tokenizer's own) when it passes
+    `check_prefix_preserving`, else the family's TRL training variant when that one passes; else the own template's
+    error is raised."""
+    try:
+        check_prefix_preserving(tokenizer, family)
+        return None
+    except ValueError:
+        if family is None or family.training_template is None:
+            raise
+    training = trl_chat_template(family.training_template)
+    check_prefix_preserving(tokenizer, family, training)
+    return training
+
+
+def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase, family: Family | None = None,
+                            template: str | None = None) -> None:
     """Raise a clear ValueError, naming the template, unless it supports token-exact rollouts.
 
     Checked on probe conversations (text actions; tool calls and tool observations where the template
-    renders tools): each assistant reply renders as `prompt + reply + end-of-turn`, and rendering more
-    messages after it never changes the text before. The end-of-turn (`tokenizer.eos_token`) must be an
-    added token, so the observation delta, which starts there, can be tokenized on its own.
+    renders tools), each reply written as the model's `family` writes it (its reasoning block first): each
+    assistant reply renders as `prompt + reply + end-of-turn`, and rendering more messages after it never
+    changes the text before. The end-of-turn (`tokenizer.eos_token`) must be an added token, so the
+    observation delta, which starts there, can be tokenized on its own. `template`: check this one instead of
+    the tokenizer's own.
     """
-    name = template_name(tokenizer)
-    if not tokenizer.chat_template:
+    name = template_name(tokenizer, template)
+    if not (template or tokenizer.chat_template):
         raise ValueError(f"{name}: the tokenizer has no chat template; set tokenizer.chat_template first")
     eos = tokenizer.eos_token
     if eos is None or eos not in tokenizer.get_added_vocab():
@@ -271,28 +304,31 @@ def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase) -> None:
             "so token-exact rollouts can tokenize each observation on its own; set eos_token to the token "
             "the template writes after an assistant reply (e.g. <|im_end|>)"
         )
-    key = (tokenizer.chat_template, eos)
+    key = (template or tokenizer.chat_template, eos, family.name if family else "")
     if key in _CHECKED:
         return
     for messages, tools in _PROBES:
+        if family is not None:
+            messages = [{**m, "content": family.probe_reply(m["content"])} if m["role"] == "assistant" else m
+                        for m in messages]
         try:
-            render(tokenizer, messages, tools, True)
+            render(tokenizer, messages, tools, True, template)
         except Exception as e:
             if tools is None:
                 raise ValueError(f"{name} fails on a plain system/user/assistant conversation: {e}") from e
             continue  # a template without tool messages: tool envs will fail on it, text envs are fine
-        _check_probe(tokenizer, messages, tools, name)
+        _check_probe(tokenizer, messages, tools, name, template)
     _CHECKED.add(key)
 
 
 def _check_probe(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None,
-                 name: str) -> None:
+                 name: str, template: str | None) -> None:
     eos = tokenizer.eos_token
     starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     for n, i in enumerate(starts):
-        head = render(tokenizer, messages[:i], tools, True)
+        head = render(tokenizer, messages[:i], tools, True, template)
         turn = head + messages[i]["content"] + eos
-        full = render(tokenizer, messages[: i + 1], tools, False)
+        full = render(tokenizer, messages[: i + 1], tools, False, template)
         if not full.startswith(turn):
             raise ValueError(
                 f"{name} cannot be used for token-exact rollouts: it does not render an assistant reply "
@@ -300,7 +336,7 @@ def _check_probe(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools
                 f"{_ADVICE}"
             )
         nxt = starts[n + 1] if n + 1 < len(starts) else len(messages)
-        after = render(tokenizer, messages[:nxt], tools, True)
+        after = render(tokenizer, messages[:nxt], tools, True, template)
         if not after.startswith(turn):
             raise ValueError(
                 f"{name} is not prefix-preserving: appending the observation after assistant turn {n + 1} "
@@ -329,27 +365,27 @@ def trl_chat_template(name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def check_renders_tools(tokenizer: PreTrainedTokenizerBase) -> None:
+def check_renders_tools(tokenizer: PreTrainedTokenizerBase, template: str | None = None) -> None:
     """Raise one clear ValueError when the chat template leaves `tools` out of the prompt: the model would never see
     the env's tools (a template without tool support renders the same text with them and without)."""
-    key = tokenizer.chat_template
+    key = template or tokenizer.chat_template
     if key in _RENDERS_TOOLS:
         return
     probe = [{"role": "user", "content": "task"}]
-    if render(tokenizer, probe, [_TOOL], True) == render(tokenizer, probe, None, True):
-        raise ValueError(f"{template_name(tokenizer)} does not render tools, so the model would never see the env's "
-                         "tools: play the env in a text format instead (--env-opt format=react, or act_line where the env "
-                         "has it; a recipe's [env] format), or use a model whose template supports tools")
+    if render(tokenizer, probe, [_TOOL], True, template) == render(tokenizer, probe, None, True, template):
+        raise ValueError(f"{template_name(tokenizer, template)} does not render tools, so the model would never see "
+                         "the env's tools: play the env in a text format instead (--env-opt format=react, or act_line "
+                         "where the env has it; a recipe's [env] format), or use a model whose template supports tools")
     _RENDERS_TOOLS.add(key)
 
 
 _RENDERS_TOOLS: set[str] = set()
 
 
-def template_name(tokenizer: PreTrainedTokenizerBase) -> str:
-    """'chat template trl/chat_templates/X.jinja' when it is one of TRL's, else the tokenizer's own."""
-    known = trl_template_names().get(tokenizer.chat_template or "")
+def template_name(tokenizer: PreTrainedTokenizerBase, template: str | None = None) -> str:
+    """'chat template trl/chat_templates/X.jinja' when it (`template`, else the tokenizer's) is one of TRL's, else
+    the tokenizer's own."""
+    known = trl_template_names().get(template or tokenizer.chat_template or "")
     if known is not None:
         return f"chat template trl/chat_templates/{known}"
     return f"the chat template of {tokenizer.name_or_path or type(tokenizer).__name__}"
-

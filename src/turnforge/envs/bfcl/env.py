@@ -34,6 +34,7 @@ from turnforge.envs.bfcl.tools import docs_by_class, entry_docs, tool_schema
 from turnforge.formats import get_format
 from turnforge.formats.base import Format, FormatError
 from turnforge.formats.bfcl_python import call_string
+from turnforge.formats.families import accepts_format
 from turnforge.formats.plain_text import PlainTextEndsTurn
 from turnforge.types import Message, Score, StepResult, StopReason, Task
 
@@ -50,7 +51,7 @@ FC_SYSTEM_TEXT = (
 
 
 def _env_format(name: str) -> Format:
-    if name not in FORMATS:
+    if not accepts_format(name, FORMATS):
         raise ValueError(f"the bfcl env speaks {' or '.join(FORMATS)}, not {name!r}")
     fmt = get_format(name)
     # A reply without calls ends the user turn in BFCL: a plain answer, not a format error.

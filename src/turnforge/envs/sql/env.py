@@ -36,6 +36,7 @@ from turnforge.envs.sql.prompts import COMMIT_ANSWER, EXECUTE_SQL, NO_TOOL_CALL,
 from turnforge.envs.sql.scoring import select_correct, values_correct
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
+from turnforge.formats.families import accepts_format
 from turnforge.formats.react import FINAL_ANSWER
 from turnforge.types import Message, Score, StepResult, StopReason, Task, ToolCall
 
@@ -59,7 +60,7 @@ class SqlEnv:
         **_task_options: Any,
     ):
         # No defaults here: the family's EnvOptions hold them, and `make_env` passes every option resolved.
-        if format not in FORMATS:
+        if not accepts_format(format, FORMATS):
             raise ValueError(f"the sql envs speak {' or '.join(FORMATS)}, not {format!r}")
         self.name = name
         self.format = get_format(format)

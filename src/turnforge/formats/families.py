@@ -1,0 +1,158 @@
+"""Model families: how a model's chat template writes turns, tool calls and reasoning, found from the template.
+
+A family is what turnforge must know of a model beyond its tokenizer: the format its tool calls are written in (a
+registered format: `tool_call` for Qwen3 / Hermes blocks, `tool_call:llama3` for Llama 3's JSON...), the tags of its
+reasoning (`<think>` ... `</think>`), and, where its own template rewrites earlier turns (a thinking template drops
+their reasoning), TRL's prefix-preserving training variant of it, which the token-exact renderer then uses instead
+(every turn's reasoning stays in the context, as the model generated it: docs/families.md).
+
+    detect_family(tokenizer.chat_template).name     # "llama3" for Llama-3.2-3B-Instruct's template
+    get_family("qwen3_thinking").reasoning          # ("<think>", "</think>")
+
+The family is read from the template itself (markers only that family's template writes), so a fine-tuned model keeps
+its base model's family; a recipe can name it (`[model] family = "llama3"`). `tiny:FAMILY` builds an offline tiny
+model with the family's template and special tokens (`turnforge.tiny_model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QWEN3_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+)
+"""Qwen3's added tokens in Qwen3's order (ids 151643-151668 there), and whether each is special."""
+
+LLAMA3_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|begin_of_text|>", True), ("<|end_of_text|>", True), ("<|finetune_right_pad_id|>", True),
+    ("<|start_header_id|>", True), ("<|end_header_id|>", True), ("<|eom_id|>", True), ("<|eot_id|>", True),
+    ("<|python_tag|>", True),
+)
+"""Llama 3.2's added tokens that its template and tool calls use (meta-llama/Llama-3.2-3B-Instruct tokenizer.json)."""
+
+LFM2_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|pad|>", True), ("<|startoftext|>", True), ("<|endoftext|>", True), ("<|im_start|>", True),
+    ("<|im_end|>", True), ("<|tool_list_start|>", True), ("<|tool_list_end|>", True), ("<|tool_call_start|>", True),
+    ("<|tool_call_end|>", True), ("<|tool_response_start|>", True), ("<|tool_response_end|>", True),
+)
+"""LFM2's added tokens that its template and tool calls use (LiquidAI/LFM2-1.2B tokenizer.json)."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family's conventions (see the module docstring)."""
+
+    name: str
+    template: str
+    """TRL's copy of the family's own chat template (`trl/chat_templates/NAME`): a `tiny:FAMILY` model's template."""
+    markers: tuple[str, ...]
+    """Text only this family's templates contain; all of them must be there."""
+    tool_format: str | None
+    """The registered format its tool calls are written in; None where its template renders no tools."""
+    tokens: tuple[tuple[str, bool], ...]
+    """Its added tokens (text, special), for a tiny tokenizer."""
+    eos: str
+    """The end-of-turn token its template writes after an assistant reply."""
+    pad: str
+    bos: str | None = None
+    """The token its template starts with (`bos_token`), if any."""
+    reasoning: tuple[str, str] | None = None
+    """(open, close) tags around the reasoning a reply starts with; None: the family does not reason in text."""
+    training_template: str | None = None
+    """TRL's prefix-preserving variant, used by the token-exact renderer where the family's own template is not."""
+    hub_id: str = ""
+    """A 3-8B model of the family on the Hugging Face Hub: what the README trains on a GPU."""
+    vllm_tool_parser: str = ""
+    """`vllm serve --tool-call-parser` for the family: the reference its tool-call format is held against."""
+
+    def split_reasoning(self, text: str) -> tuple[str, str]:
+        """(reasoning, the rest) of a reply, as vLLM's reasoning parsers split it: an open tag is optional (a template
+        may write it in the generation prompt); with no close tag the whole reply is reasoning (cut off while
+        thinking). A family without reasoning: ("", text)."""
+        if self.reasoning is None:
+            return "", text
+        start, end = self.reasoning
+        before, opened, after = text.partition(start)
+        body = after if opened else before
+        if end not in body:
+            return body, ""
+        reasoning, _, rest = body.partition(end)
+        return reasoning, rest
+
+    def probe_reply(self, action: str) -> str:
+        """A reply with `action` as this family's model writes it (its reasoning block first), for the start-up check."""
+        if self.reasoning is None:
+            return action
+        start, end = self.reasoning
+        return f"{start}\nI act.\n{end}\n\n{action}"
+
+
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        Family(
+            "qwen3", "qwen3_instruct_2507.jinja", ("<|im_start|>", "<tool_call>"), "tool_call", QWEN3_TOKENS,
+            "<|im_end|>", "<|endoftext|>", hub_id="Qwen/Qwen3-4B-Instruct-2507", vllm_tool_parser="hermes",
+        ),
+        Family(
+            "qwen3_thinking", "qwen3.jinja", ("<|im_start|>", "<tool_call>", "<think>"), "tool_call", QWEN3_TOKENS,
+            "<|im_end|>", "<|endoftext|>", reasoning=("<think>", "</think>"),
+            training_template="qwen3_training.jinja", hub_id="Qwen/Qwen3-4B-Thinking-2507", vllm_tool_parser="hermes",
+        ),
+        Family(
+            "llama3", "llama3_2.jinja", ("<|start_header_id|>", "<|eot_id|>"), "tool_call:llama3", LLAMA3_TOKENS,
+            "<|eot_id|>", "<|finetune_right_pad_id|>", bos="<|begin_of_text|>",
+            hub_id="meta-llama/Llama-3.2-3B-Instruct", vllm_tool_parser="llama3_json",
+        ),
+        Family(
+            "lfm2", "lfm2.jinja", ("<|im_start|>", "<|tool_list_start|>"), "tool_call:lfm2", LFM2_TOKENS,
+            "<|im_end|>", "<|pad|>", bos="<|startoftext|>", hub_id="LiquidAI/LFM2-2.6B", vllm_tool_parser="lfm2",
+        ),
+    )
+}
+"""The families a model is read as, most specific first (qwen3_thinking's markers include qwen3's)."""
+
+_DETECT_ORDER = ("qwen3_thinking", "qwen3", "llama3", "lfm2")
+
+
+def list_families() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; choose one of: {', '.join(list_families())}") from None
+
+
+def detect_family(template: str | None) -> Family | None:
+    """The family whose markers the chat template contains, or None (a template turnforge knows no family of: its
+    tool calls are read as Qwen3 / Hermes blocks, the format most open models were tuned on)."""
+    if not template:
+        return None
+    for name in _DETECT_ORDER:
+        family = FAMILIES[name]
+        if all(marker in template for marker in family.markers):
+            return family
+    return None
+
+
+def visible_reply(family: Family | None, text: str) -> str:
+    """What of a reply an env reads: the reply without its reasoning (reasoning is recorded and trained, never sent)."""
+    return text if family is None else family.split_reasoning(text)[1]
+
+
+def accepts_format(name: str, choices: tuple[str, ...]) -> bool:
+    """Whether an env offering `choices` plays format `name`: "tool_call" there means tool calls in any family's
+    format ("tool_call:llama3"...), the env sees only the parsed calls."""
+    return name in choices or ("tool_call" in choices and name.startswith("tool_call:"))
+
+
+__all__ = ["FAMILIES", "Family", "accepts_format", "detect_family", "get_family", "list_families", "visible_reply"]
