@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from turnforge.formats import get_format
-from turnforge.formats.families import LLAMA3_TOKENS, QWEN3_TOKENS
+from turnforge.formats.families import LFM2_TOKENS, LLAMA3_TOKENS, QWEN3_TOKENS
 from turnforge.types import Message, ToolCall
 
 WORDS = ["mug", "desk 1", "Zoë", "東京", "naïve café", 'say "hi"', "back\\slash", "tab\there", "", "emoji 🙂"]
@@ -95,6 +95,7 @@ FAMILIES = {
         Family("hermes", "tool_call", "hermes_tool_parser:Hermes2ProToolParser", _tokens(QWEN3_TOKENS), "<tool_call>"),
         Family("llama3", "tool_call:llama3", "llama_tool_parser:Llama3JsonToolParser", _tokens(LLAMA3_TOKENS), "",
                tag="<|python_tag|>"),
+        Family("lfm2", "tool_call:lfm2", "lfm2_tool_parser:Lfm2ToolParser", _tokens(LFM2_TOKENS), "<|tool_call_start|>"),
     )
 }
 

@@ -30,6 +30,23 @@ EDGES = {
         '<|python_tag|>{"name": "act", "parameters": {"a": 1}}',
         '{"action": "look"}', '{"name": "act"}', "no call here", '{"name": 3, "parameters": {}}', "{}",
     ],
+    "lfm2": [
+        '<|tool_call_start|>[f(text="line1\nline2\tx")]<|tool_call_end|>',  # raw newline and tab inside a string
+        "<|tool_call_start|>[f(month=07, day=1e07, x=0x1F, y=00)]<|tool_call_end|>",
+        "<|tool_call_start|>[memory_get(from=1, to=2)]<|tool_call_end|>",
+        "<|tool_call_start|>[f(a=true, b=null, c=(1, 2), d={3}, e=-4, f=f'x', g=+1.5)]<|tool_call_end|>",
+        "<|tool_call_start|>[a.b.c(x='y')]<|tool_call_end|>after",
+        "<|tool_call_start|>[f(x=1)]<|tool_call_end|>f(x=1)]<|tool_call_end|> the rest",
+        "<|tool_call_start|>[f(x=1)]<|tool_call_end|> and <|tool_call_start|>[g(y=2)]<|tool_call_end|>",
+        "<|tool_call_start|>[f(x=1)]", "<|tool_call_start|>[]<|tool_call_end|>", "<|tool_call_start|>[1]<|tool_call_end|>",
+        "<|tool_call_start|>f(x=1)<|tool_call_end|>", "<|tool_call_start|>[f(x=y)]<|tool_call_end|>",
+        "<|tool_call_start|>[f(x=b'1')]<|tool_call_end|>", "<|tool_call_start|>[f(x={1: 2, None: 3})]<|tool_call_end|>",
+        "<|tool_call_start|>[f(x=1), [g()]]<|tool_call_end|>", "[f(x=1)]", "<|tool_call_start|> [f(x=\"a]\")] <|tool_call_end|>",
+    ],
+}
+KNOWN_EDGES = {
+    "lfm2": ["<|tool_call_start|>[f(1, x=2)]<|tool_call_end|>",  # vLLM drops the positional 1; turnforge refuses
+             "<|tool_call_start|>[run(cmd='sed -n '1,9p' f.py')]<|tool_call_end|>"],  # vLLM's nested-quote guess
 }
 """Replies the generator does not write, each read the same by both parsers."""
 
@@ -44,7 +61,7 @@ def bench():
     sys.path.remove(str(BENCHMARKS))
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3"])
+@pytest.mark.parametrize("family", ["hermes", "llama3", "lfm2"])
 def test_generated_replies_read_alike(bench, family):
     rows = bench.compare(bench.FAMILIES[family], 200, 0)
     disagree = {}
@@ -63,3 +80,6 @@ def test_edge_replies_read_alike(bench, family):
     for text in texts:
         theirs = bench.vllm_reads(parser, text, bench.vllm_request(spec))
         assert bench.turnforge_reads(fmt.parse(text)) == theirs, text
+    for text in KNOWN_EDGES.get(family, []):
+        theirs = bench.vllm_reads(parser, text, bench.vllm_request(spec))
+        assert theirs is not None and bench.turnforge_reads(fmt.parse(text)) is None, text

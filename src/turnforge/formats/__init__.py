@@ -7,6 +7,7 @@ Registered formats (`list_formats()`), each described in its own module:
     get_format("react_sql")  the same, actions as DBBench's `Action: Operation` + ```sql block
     get_format("tool_call")  Qwen3 / Hermes `<tool_call>` JSON blocks
     get_format("tool_call:llama3") Llama 3.x JSON calls, `{"name": ..., "parameters": {...}}`
+    get_format("tool_call:lfm2")   LiquidAI LFM2's `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`
     get_format("bfcl_python") BFCL's prompting format: `[func(a=1), g(b='x')]`
 
 `chat_template.py` is the step after a format: a conversation of Messages rendered to the model's token ids by the
@@ -22,6 +23,7 @@ from turnforge.formats.base import Format, FormatError
 from turnforge.formats.bfcl_python import BfclPythonFormat
 from turnforge.formats.react import ReactFormat
 from turnforge.formats.tool_call import ToolCallFormat
+from turnforge.formats.tool_call_lfm2 import Lfm2ToolCallFormat
 from turnforge.formats.tool_call_llama3 import Llama3ToolCallFormat
 
 _FORMATS: dict[str, Callable[[], Format]] = {
@@ -30,6 +32,7 @@ _FORMATS: dict[str, Callable[[], Format]] = {
     "react": ReactFormat,
     "react_sql": lambda: ReactFormat(code_language="sql", name="react_sql"),
     "tool_call": ToolCallFormat,
+    "tool_call:lfm2": Lfm2ToolCallFormat,
     "tool_call:llama3": Llama3ToolCallFormat,
 }
 
@@ -52,6 +55,7 @@ __all__ = [
     "ActLineFormat",
     "Format",
     "FormatError",
+    "Lfm2ToolCallFormat",
     "Llama3ToolCallFormat",
     "ReactFormat",
     "ToolCallFormat",
