@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from turnforge.formats import get_format
 from turnforge.policies.base import Generation, SamplingParams
 from turnforge.policies.serve import ServedModel, _reply, running_server
 from turnforge.rollout import RolloutLimits
@@ -140,16 +141,17 @@ def test_a_tool_call_conversation_renders_as_the_chat_template_does(client, serv
 
 def test_tool_call_blocks_become_tool_calls():
     text = 'I look.\n<tool_call>\n{"name": "act", "arguments": {"action": "look"}}\n</tool_call>'
-    message, finish = _reply(Generation(text=text, ids=[1, 2]), [], tools=True, keep_stop=False)
+    hermes = (None, get_format("tool_call"))  # a template of no known family: Qwen3 / Hermes blocks
+    message, finish = _reply(Generation(text=text, ids=[1, 2]), [], True, False, *hermes)
     assert finish == "tool_calls" and message["content"] == "I look."
     (call,) = message["tool_calls"]
     assert call["function"] == {"name": "act", "arguments": '{"action": "look"}'} and call["id"].startswith("call_")
     # without tools, or cut by the length limit, the text stays text
-    assert _reply(Generation(text=text, ids=[1]), [], tools=False, keep_stop=False)[1] == "stop"
-    assert _reply(Generation(text=text, finish_reason="length"), [], tools=True, keep_stop=False)[1] == "length"
+    assert _reply(Generation(text=text, ids=[1]), [], False, False, *hermes)[1] == "stop"
+    assert _reply(Generation(text=text, finish_reason="length"), [], True, False, *hermes)[1] == "length"
     # OpenAI's stop strings end the text before them, unless vLLM's include_stop_str_in_output asks otherwise
-    assert _reply(Generation(text="go to x\nobs"), ["\n"], False, False)[0]["content"] == "go to x"
-    assert _reply(Generation(text="go to x\n"), ["\n"], False, True)[0]["content"] == "go to x\n"
+    assert _reply(Generation(text="go to x\nobs"), ["\n"], False, False, *hermes)[0]["content"] == "go to x"
+    assert _reply(Generation(text="go to x\n"), ["\n"], False, True, *hermes)[0]["content"] == "go to x\n"
 
 
 def _episodes(out) -> list[Trajectory]:

@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from turnforge.formats.families import is_tiny
 from turnforge.report import comparison_markdown, stage_result_text
 from turnforge.rundir import RunFiles, read_run
 from turnforge.types import trajectory_records
@@ -81,7 +82,7 @@ def card_data(run: RunFiles, final: tuple[str, Path, bool], evals: dict[str, dic
         tags=["turnforge", "agent", "multi-turn", *envs, *kinds],
         datasets=_hub_datasets(recipe) or None,
         # turnforge builds the tiny model itself (Apache-2.0, as turnforge); a hub model keeps its own licence
-        license="apache-2.0" if base == "tiny" else "other",
+        license="apache-2.0" if is_tiny(base) else "other",
         pipeline_tag="text-generation",
         eval_results=eval_results(evals) or None,
     )

@@ -37,6 +37,7 @@ from typer.core import TyperGroup
 
 from turnforge.envs.code.cli import sandbox_app
 from turnforge.envs.household.cli import household_app
+from turnforge.formats.families import is_tiny
 from turnforge.recipes.packaged import packaged_recipes
 from turnforge.rundir import check_out_dir, check_out_parents, check_outside_runs
 from turnforge.types import EVAL_TEMPERATURE, SamplingParams
@@ -449,13 +450,13 @@ def serve(
 
     if max_batch < 1:
         raise ValueError(f"--max-batch must be at least 1, got {max_batch}")
-    if model != "tiny" and (env is not None or env_opt):
+    if not is_tiny(model) and (env is not None or env_opt):
         raise ValueError("--env and --env-opt choose the text of --model tiny's tokenizer; a model folder or hub id "
                          "has its own tokenizer")
     adapters = parse_adapters(adapter or [])
     with contextlib.ExitStack() as stack:
         path = model
-        if model == "tiny":  # a name, not a Hub id: built offline, as `eval --model tiny` builds it
+        if is_tiny(model):  # a name, not a Hub id: built offline, as `eval --model tiny` builds it
             from turnforge.envs.base import get_env_spec
             from turnforge.tiny_model import resolve_model
 

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from turnforge.envs.base import Env, UsesRoles
 from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
 from turnforge.formats.chat_template import ChatRenderer
+from turnforge.formats.families import check_tool_format
 from turnforge.policies.base import Policy, Prompt, SamplingParams
 from turnforge.policies.queue import ModelThread, Role, RoleClient, RoleQueues, RoleStats
 from turnforge.types import Task, Trajectory
@@ -224,6 +225,7 @@ class _Run:
         finally:
             ep.env_s += time.perf_counter() - ep.started
         if self.renderer is not None:
+            check_tool_format(self.renderer.family, ep.env.format.name)
             ep.prompt_ids = self.renderer.prompt_ids(ep.messages, ep.tools)
             ep.ids = list(ep.prompt_ids)
 

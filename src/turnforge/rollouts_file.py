@@ -24,8 +24,9 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from turnforge.envs.base import get_env_spec, load_tasks, make_env
+from turnforge.envs.base import get_env_spec, load_tasks, make_env, with_family_format
 from turnforge.eval.metrics import summarize
+from turnforge.formats.families import is_tiny
 from turnforge.launch import on_main_process
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import BackendError, Policy, SamplingParams, require_backend
@@ -119,7 +120,7 @@ def run_eval(
     check_same_run(out, identity)  # bad input and a foreign out dir fail before a model loads and the tasks are built
     if not on_ray:  # a missing vLLM is said before the tiny model is built (Ray's workers have their own packages)
         require_backend(kind)
-    if model == "tiny" and kind in MODEL_BACKENDS:  # as in a recipe: built offline into OUT/models/tiny, once
+    if model is not None and is_tiny(model) and kind in MODEL_BACKENDS:  # as in a recipe: built offline, once
         # Imported here: the builder imports tokenizers and plays the expert, which other evals do without.
         from turnforge.tiny_model import resolve_model
 
@@ -128,6 +129,8 @@ def run_eval(
     # On Ray the workers hold the model replicas; this process loads none.
     policy = None if on_ray and kind in MODEL_BACKENDS else make_policy(
         policy_spec, model=model, seed=seed, **policy_options)
+    if policy is not None and policy.renderer is not None:  # tool calls in the model's own format (a no-op when given)
+        options = with_family_format(env, options, policy.renderer.family)
     roles = {} if on_ray else env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
     if task_ids is not None:

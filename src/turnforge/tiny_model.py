@@ -46,7 +46,7 @@ from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
 from turnforge.formats.chat_template import trl_chat_template
-from turnforge.formats.families import Family, get_family
+from turnforge.formats.families import Family, get_family, is_tiny, model_family
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 from turnforge.types import StopReason
@@ -131,24 +131,13 @@ def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str 
     return out_dir
 
 
-def is_tiny(spec: str) -> bool:
-    """Whether a model spec names an offline tiny model: "tiny" or "tiny:FAMILY"."""
-    return spec == TINY or spec.startswith(TINY + ":")
-
-
-def tiny_family(spec: str) -> str:
-    """The family a tiny spec names ("tiny" -> "qwen3"), checked: an unknown one is a one-line error."""
-    name = spec.partition(":")[2] or "qwen3"
-    return get_family(name).name
-
-
 def resolve_model(spec: str, cache_dir: Path, envs: TinyEnvs = HOUSEHOLD) -> str:
     """"tiny" -> `cache_dir/tiny` ("tiny:FAMILY" -> `cache_dir/tiny-FAMILY`), built there first (for `envs`) when
     absent; any other spec (path or Hub id) unchanged. A tiny model already there is kept: the stages of its run were
     trained with its tokenizer."""
     if not is_tiny(spec):
         return spec
-    family = tiny_family(spec)
+    family = model_family(spec).name
     path = Path(cache_dir) / (TINY if spec == TINY else f"{TINY}-{family}")
     if not (path / "config.json").is_file():
         build_tiny_model(path, envs=envs, family=family)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from turnforge.formats.base import Format, FormatError
-from turnforge.formats.families import accepts_format
+from turnforge.formats.families import Family, accepts_format
 from turnforge.types import Message, Score, StepResult, Task, Trajectory
 
 
@@ -310,3 +310,16 @@ def tasks_of(trajectories: Iterable[Trajectory], name: str, **options: Any) -> d
     for split in sorted({t.split for t in trajectories}):
         tasks |= {task.id: task for task in load_tasks(name, split, **options)}
     return tasks
+
+
+def with_family_format(env: str, options: dict[str, Any], family: Family | None) -> dict[str, Any]:
+    """`options` with a `tool_call` format (given, or the env's default) written in the model `family`'s own tool-call
+    format ("tool_call:llama3"...): the expert then demonstrates in it and replies are read in it. Unchanged for a
+    text format, an unknown family, or a family whose template renders no tools (its renderer refuses tool envs)."""
+    if family is None or family.tool_format in (None, "tool_call"):
+        return options
+    default = next((o.default for o in get_env_spec(env).options if o.name == "format"), None)
+    if options.get("format", default) != "tool_call":
+        return options
+    return {**options, "format": family.tool_format}
+

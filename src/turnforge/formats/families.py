@@ -144,6 +144,33 @@ def detect_family(template: str | None) -> Family | None:
     return None
 
 
+def is_tiny(model: str) -> bool:
+    """Whether a model spec names an offline tiny model (`turnforge.tiny_model`): "tiny" or "tiny:FAMILY"."""
+    return model == "tiny" or model.startswith("tiny:")
+
+
+def model_family(model: str) -> Family | None:
+    """The family of a model spec: "tiny" (Qwen3) / "tiny:FAMILY" by name (an unknown one is a one-line error), a
+    local folder or Hub id from its tokenizer's chat template (`detect_family`)."""
+    if is_tiny(model):
+        return get_family(model.partition(":")[2] or "qwen3")
+    from transformers import AutoTokenizer  # only for a real model: its tokenizer files, no weights
+
+    return detect_family(AutoTokenizer.from_pretrained(model).chat_template)
+
+
+def check_tool_format(family: Family | None, format_name: str) -> None:
+    """Raise one clear ValueError when an env reads tool calls in another format than the model's family writes
+    them: every call would be a format error (`with_family_format` picks the family's where a recipe or an eval
+    says `tool_call`)."""
+    if family is None or family.tool_format is None or not format_name.startswith("tool_call"):
+        return
+    if format_name != family.tool_format:
+        raise ValueError(f"the model's chat template is {family.name}'s, which writes tool calls as {family.tool_format}, "
+                         f"but the env reads {format_name}: set the env's format to {family.tool_format} "
+                         "(or to tool_call, which turnforge reads as the model's own)")
+
+
 def visible_reply(family: Family | None, text: str) -> str:
     """What of a reply an env reads: the reply without its reasoning (reasoning is recorded and trained, never sent)."""
     return text if family is None else family.split_reasoning(text)[1]
@@ -155,4 +182,4 @@ def accepts_format(name: str, choices: tuple[str, ...]) -> bool:
     return name in choices or ("tool_call" in choices and name.startswith("tool_call:"))
 
 
-__all__ = ["FAMILIES", "Family", "accepts_format", "detect_family", "get_family", "list_families", "visible_reply"]
+__all__ = ["FAMILIES", "Family", "accepts_format", "check_tool_format", "detect_family", "get_family", "is_tiny", "list_families", "model_family", "visible_reply"]

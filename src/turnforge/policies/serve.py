@@ -4,7 +4,10 @@
     curl http://127.0.0.1:8000/v1/models
 
 `POST /v1/chat/completions`: messages (+ `tools`) -> the model's own chat template -> `HFPolicy.generate` ->
-Qwen3 / Hermes `<tool_call>` blocks parsed into `tool_calls` (finish_reason "tool_calls"). It takes `n`,
+tool calls in the model family's own format (Qwen3 / Hermes `<tool_call>` blocks, Llama 3 JSON, LFM2's
+`<|tool_call_start|>`...: formats/families.py) parsed into `tool_calls` (finish_reason "tool_calls"), a thinking
+model's reasoning into `reasoning` (vLLM's field; a request's `reasoning` or `reasoning_content` goes back to the
+template as `reasoning_content`). It takes `n`,
 `temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `stop`, `seed`, `logprobs`, and vLLM's
 extensions `top_k`, `return_token_ids` (the reply's `token_ids` and the `prompt_token_ids`) and
 `include_stop_str_in_output`; `usage` counts the prompt once and every choice's tokens. `stream: true` answers
@@ -54,8 +57,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
+from turnforge.formats import Format, get_format
 from turnforge.formats.chat_template import encode, render
-from turnforge.formats.tool_call import ToolCallFormat
+from turnforge.formats.families import Family
 from turnforge.policies.base import (
     CONTEXT_LENGTH_EXCEEDED,
     Generation,
@@ -214,6 +218,9 @@ class ServedModel:
         if self.adapters:
             _load_adapters(self.hf, self.adapters)
         self.tokenizer = self.hf.tokenizer
+        self.family: Family | None = self.hf.renderer.family
+        self.tool_format = get_format(self.family.tool_format if self.family and self.family.tool_format else "tool_call")
+        """How the model writes tool calls (its family's format; Qwen3 / Hermes for a template of no known family)."""
         self.max_context = self.hf.max_context
         self.max_tokens_default = max_tokens_default
         self.memory = ReplyMemory(self.tokenizer.eos_token)
@@ -290,7 +297,9 @@ def create_app(served: ServedModel, max_batch: int = 64, tick_s: float = 0.05) -
                 return _completion(served, request, job, await _answer(served, state, request, job))
             grown: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
-            streamed = not (request.tools and request.tool_choice != "none")  # a tool call is known at the end
+            # A tool call is known at the end; so is where a thinking model's reasoning ends.
+            streamed = not (request.tools and request.tool_choice != "none") and not (
+                served.family is not None and served.family.reasoning is not None)
 
             def on_token(index: int, ids: list[int], logprobs: list[float]) -> None:
                 loop.call_soon_threadsafe(grown.put_nowait, (index, ids, logprobs))
@@ -409,7 +418,8 @@ async def _answer(served: ServedModel, state: dict[str, Any], request: ChatReque
     tools = bool(request.tools) and request.tool_choice != "none"
     choices = []
     for index, gen in enumerate(gens):
-        message, finish = _reply(gen, job.params.stop, tools, request.include_stop_str_in_output)
+        message, finish = _reply(gen, job.params.stop, tools, request.include_stop_str_in_output, served.family,
+                                 served.tool_format)
         _remember(served, request, job.messages, message, job.ids + gen.ids)
         choices.append(Choice(index, message, finish, gen))
     return choices
@@ -530,20 +540,26 @@ def _remember(served: ServedModel, request: ChatRequest, messages: list[dict[str
     served.memory.store(request.model, text[: end + len(served.memory.eos_text)], ids)
 
 
-def _reply(gen: Generation, stop: list[str], tools: bool, keep_stop: bool) -> tuple[dict[str, Any], str]:
-    """(the choice's message, finish_reason)."""
+def _reply(gen: Generation, stop: list[str], tools: bool, keep_stop: bool, family: Family | None,
+           tool_format: Format) -> tuple[dict[str, Any], str]:
+    """(the choice's message, finish_reason): a thinking `family`'s reasoning apart, tool calls read in `tool_format`
+    (the model's family's)."""
     text = gen.text
     if stop and gen.finish_reason == "stop" and not keep_stop:  # OpenAI: the text ends before the stop string
         cuts = [text.find(s) for s in stop if s in text]
         text = text[: min(cuts)] if cuts else text
+    message: dict[str, Any] = {"role": "assistant"}
+    if family is not None and family.reasoning is not None:
+        reasoning, text = family.split_reasoning(text)
+        message["reasoning"] = reasoning.strip() or None
     if tools and gen.finish_reason == "stop":
-        parsed = ToolCallFormat().parse(text)
+        parsed = tool_format.parse(text)
         if isinstance(parsed, Message) and parsed.tool_calls:
             calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                      for c in parsed.tool_calls]
-            return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
-    return {"role": "assistant", "content": text}, gen.finish_reason
+            return {**message, "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
+    return {**message, "content": text}, gen.finish_reason
 
 
 def _logprobs(served: ServedModel, gen: Generation) -> list[dict[str, Any]]:
@@ -566,6 +582,9 @@ def _chat_message(m: dict[str, Any]) -> dict[str, Any]:
     for k in ("tool_call_id", "name"):
         if m.get(k) is not None:
             out[k] = m[k]
+    reasoning = m.get("reasoning") or m.get("reasoning_content")  # vLLM's field, and the deprecated one
+    if role == "assistant" and isinstance(reasoning, str) and reasoning:
+        out["reasoning_content"] = reasoning  # as thinking templates (Qwen3's) read it
     return out
 
 

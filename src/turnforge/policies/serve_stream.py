@@ -132,6 +132,8 @@ def choice_chunks(choice: Choice, decode: Callable[[list[int]], str], logprobs: 
     """
     message, gen = choice.message, choice.gen
     taken = 0
+    if message.get("reasoning"):  # a thinking model's: streamed at the end, before the reply (vLLM's delta field)
+        yield _chunk(choice.index, {"reasoning": message["reasoning"]})
     if message.get("tool_calls"):
         if message.get("content"):
             yield _chunk(choice.index, {"content": message["content"]})

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from turnforge.envs.base import get_env_spec
+from turnforge.envs.base import get_env_spec, with_family_format
+from turnforge.formats.families import Family, model_family
 from turnforge.launch import main_process_result
 from turnforge.rundir import MODELS_DIR, STAGES_DIR
 from turnforge.scale import ScaleConfig
@@ -75,6 +76,7 @@ class RunContext:
     models: dict[str, ModelRef] = field(default_factory=dict)
     base_build_s: float | None = None
     _base: ModelRef | None = None
+    _family: tuple[Family | None] | None = None
 
     def model(self, stage_id: str | None) -> ModelRef:
         """The model made by stage `stage_id`, or the base model ([model]) for None."""
@@ -103,7 +105,13 @@ class RunContext:
         for key in get_env_spec(name).role_options:
             if options.get(key) == BASE_ROLE:
                 options[key] = f"hf:{self.base_model().path}"
-        return name, options
+        return name, with_family_format(name, options, self.model_family())
+
+    def model_family(self) -> Family | None:
+        """The base model's family (`formats/families.py`), read once; every stage's model is a training of it."""
+        if self._family is None:
+            self._family = (model_family(self.base_model().path),)
+        return self._family[0]
 
     def relative(self, path: Path) -> str:
         """A path inside the run directory as written in done.json (relative, so a run dir can move)."""

@@ -31,7 +31,7 @@ from turnforge.data.dpo_pairs import (
     save_pairs,
 )
 from turnforge.data.sources import holds_trajectories
-from turnforge.envs.base import make_env, tasks_of
+from turnforge.envs.base import make_env, tasks_of, with_family_format
 from turnforge.launch import main_process_result
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import Policy, SamplingParams
@@ -138,8 +138,9 @@ def stage_pairs(stage: DPOStageConfig, index: int, ctx: RunContext, counts: Mini
             imported += load_pairs(path)
             continue
         collect = ctx.recipe.stage(source) if any(s.id == source for s in ctx.recipe.stages) else None
-        env_name, options = ctx.recipe.stage_env(collect) if collect is not None else (
-            ctx.recipe.env.name, ctx.recipe.env_options())
+        env_name, options = ctx.stage_env(collect) if collect is not None else (
+            ctx.recipe.env.name,
+            with_family_format(ctx.recipe.env.name, ctx.recipe.env_options(), ctx.model_family()))
         trajectories = read_trajectories(path)
         tasks = tasks_of(trajectories, env_name, **options)
         env_factory = partial(make_env, env_name, **options)

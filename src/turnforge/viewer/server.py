@@ -76,8 +76,9 @@ def default_tokenizer(target: Path) -> str | None:
         final = read_run(target).final_model()
         if final is not None and (final[1] / "tokenizer_config.json").exists():
             return str(final[1])
-    tiny = (target if target.is_dir() else target.parent) / "models" / "tiny"
-    return str(tiny) if (tiny / "tokenizer_config.json").exists() else None
+    models = (target if target.is_dir() else target.parent) / "models"
+    tiny = [models / "tiny", *sorted(models.glob("tiny-*"))]  # "tiny", else a "tiny:FAMILY" build
+    return next((str(path) for path in tiny if (path / "tokenizer_config.json").exists()), None)
 
 
 def make_server(viewer: Viewer, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:
