@@ -89,12 +89,20 @@ def _tokens(pairs: tuple[tuple[str, bool], ...]) -> tuple[str, ...]:
     return tuple(text for text, _ in pairs)
 
 
+GLM4_TOKENS = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+               "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<think>", "</think>",
+               "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>",
+               "<arg_value>", "</arg_value>")
+"""GLM-4.5's added tokens that its template and tool calls use (zai-org/GLM-4.5-Air tokenizer_config.json)."""
+
 FAMILIES = {
     family.name: family
     for family in (
         Family("hermes", "tool_call", "hermes_tool_parser:Hermes2ProToolParser", _tokens(QWEN3_TOKENS), "<tool_call>"),
         Family("llama3", "tool_call:llama3", "llama_tool_parser:Llama3JsonToolParser", _tokens(LLAMA3_TOKENS), "",
                tag="<|python_tag|>"),
+        Family("glm4", "tool_call:glm4", "glm47_moe_tool_parser:Glm47MoeModelToolParser", GLM4_TOKENS, "<tool_call>",
+               needs_tools=True),
         Family("lfm2", "tool_call:lfm2", "lfm2_tool_parser:Lfm2ToolParser", _tokens(LFM2_TOKENS), "<|tool_call_start|>"),
     )
 }
@@ -171,12 +179,18 @@ def turnforge_reads(parsed: Any) -> list | None:
     return None if not calls else [(c.name, c.arguments) for c in calls]
 
 
+def turnforge_format(family: Family) -> Any:
+    """The family's format; one that reads values by the tools' schemas (tool_call:glm4) is given them."""
+    fmt = get_format(family.format)
+    return type(fmt)(tools=TOOLS) if family.needs_tools else fmt
+
+
 def compare(family: Family, count: int = 200, seed: int = 0) -> list[dict]:
     """One row per reply: its kind and text, what each parser read, whether they agree, turnforge's fixes."""
     drawn = replies(family, count, seed)
     parser = vllm_parser(family, [text for _, text in drawn])
     request = vllm_request(family)
-    fmt = get_format(family.format)
+    fmt = turnforge_format(family)
     rows = []
     for kind, text in drawn:
         theirs = vllm_reads(parser, text, request)

@@ -15,7 +15,9 @@ from turnforge.formats.chat_template import trl_chat_template
 from turnforge.types import Message, ToolCall
 
 FAST = settings(max_examples=300, deadline=None)
-FAMILY_FORMATS = ["tool_call:llama3", "tool_call:lfm2"]
+FAMILY_FORMATS = ["tool_call:llama3", "tool_call:lfm2", "tool_call:glm4"]
+TYPED_FORMATS = ["tool_call:llama3", "tool_call:lfm2"]
+"""Formats whose text carries each value's type (GLM-4's is read by the tools' schemas: its own round trip below)."""
 
 
 def calls(*pairs: tuple[str, dict]) -> Message:
@@ -56,7 +58,7 @@ def test_parse_never_raises(name, text):
         assert isinstance(result, Message | FormatError)
 
 
-@pytest.mark.parametrize("name", FAMILY_FORMATS)
+@pytest.mark.parametrize("name", TYPED_FORMATS)
 @FAST
 @given(pairs=st.lists(st.tuples(TOOL_NAMES, ARGUMENTS), min_size=1, max_size=3))
 def test_round_trip(name, pairs):
@@ -212,3 +214,86 @@ def test_lfm2_system_prompt_is_the_templates_tool_list():
                                     chat_template=trl_chat_template("lfm2.jinja"), bos_token="")
     assert f"<|im_start|>system\n{lfm2.system_prompt([tool, tool])}<|im_end|>" in text[0]
     assert S in lfm2.system_prompt()
+
+
+# --- tool_call:glm4 ---------------------------------------------------------------------------------------------
+
+ACT = {"type": "function", "function": {"name": "act", "parameters": {"type": "object", "properties": {
+    "action": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"},
+    "o": {"type": "object"}, "l": {"type": ["array", "null"]}, "e": {"enum": [1, 2]}}}}}
+glm4 = get_format("tool_call:glm4")
+glm4_typed = type(glm4)(tools=[ACT])
+
+
+def glm_block(name: str, *pairs: tuple[str, str]) -> str:
+    return f"<tool_call>{name}\n" + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in pairs) \
+        + "</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "fixes"),
+    [
+        (glm_block("act", ("action", "look"), ("n", "2")), calls(("act", {"action": "look", "n": 2})), []),
+        (glm_block("act", ("action", "2"), ("x", "1.5"), ("ok", "true"), ("o", '{"a": [1]}'), ("l", "null"),
+                   ("e", "2"), ("free", "[1]")),
+         calls(("act", {"action": "2", "x": 1.5, "ok": True, "o": {"a": [1]}, "l": None, "e": 2, "free": "[1]"})), []),
+        ("I will look.\n" + glm_block("act") + "\n" + glm_block("act", ("n", "x")),
+         Message("assistant", "I will look.", tool_calls=[ToolCall("act", {}), ToolCall("act", {"n": "x"})]), []),
+        (glm_block("act") + "\n" + glm_block("nosuch"), calls(("act", {})), ["calls of unknown tools dropped ('nosuch')"]),
+        (glm_block("act") + " Done.", calls(("act", {})), ["text after the last </tool_call>"]),
+    ],
+)
+def test_glm4_reads_values_by_the_tools_schemas(text, expected, fixes):
+    parsed = glm4_typed.parse_lenient(text)
+    assert (parsed.result, parsed.fixes) == (expected, fixes)
+    assert glm4_typed.parse_strict(text) == expected if not fixes else isinstance(glm4_typed.parse_strict(text),
+                                                                                   FormatError)
+
+
+def test_glm4_without_tools_reads_every_value_as_a_string():
+    assert glm4.parse(glm_block("zz", ("n", "2"))) == calls(("zz", {"n": "2"}))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("I looked.", "no <tool_call> block"),
+        (glm_block("act") + "\n<tool_call>act\n<arg_key>n</arg_key>\n<arg_value>3", "cut off"),  # vLLM: a call (known)
+        ("<tool_call>\n</tool_call>", "no function name"),
+        (glm_block("nosuch"), "not one of the tools"),
+    ],
+)
+def test_glm4_refuses(text, reason):
+    result = glm4_typed.parse(text)
+    assert isinstance(result, FormatError) and reason in result.reason
+
+
+STRING_ARGUMENTS = st.dictionaries(IDENTIFIERS, TEXT.filter(lambda v: "</arg_value>" not in v), max_size=4)
+
+
+@FAST
+@given(pairs=st.lists(st.tuples(TOOL_NAMES, STRING_ARGUMENTS), min_size=1, max_size=3))
+def test_glm4_round_trip_of_string_values(pairs):
+    message = calls(*pairs)
+    assert glm4.parse(glm4.render(message)) == message
+
+
+def test_glm4_round_trip_of_typed_values_and_template_equality():
+    template = trl_chat_template("glm4moe.jinja")
+    message = Message("assistant", "I will look.", tool_calls=[
+        ToolCall("act", {"action": "say \"hi\" 東京", "n": 2, "x": 1.5, "ok": False, "o": {"a": [1, None]}, "l": [1]}),
+        ToolCall("act", {})])
+    assert glm4_typed.parse(glm4_typed.render(message)) == message
+    assert template_text(template, message) == "\n<think></think>\n" + glm4.render(message)
+    assert template_text(template, calls(("act", {"n": 2}))) == "\n<think></think>\n" + glm4.render(
+        calls(("act", {"n": 2})))
+    thought = glm4.render(calls(("act", {})), thought="I look.")
+    assert glm4.parse(thought) == Message("assistant", "I look.", tool_calls=[ToolCall("act", {})])
+
+
+def test_glm4_system_prompt_is_the_templates_tool_section():
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    text, _ = render_jinja_template(conversations=[[{"role": "user", "content": "Go."}]], tools=[ACT, ACT],
+                                    chat_template=trl_chat_template("glm4moe.jinja"))
+    assert "<|system|>\n" + glm4.system_prompt([ACT, ACT]) + "<|user|>" in text[0]

@@ -18,9 +18,11 @@ pytestmark = [pytest.mark.vllm, needs_vllm]
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
-KNOWN = {"hermes": {"cut_off": 3}}
+KNOWN = {"hermes": {"cut_off": 3}, "glm4": {"cut_off": 24}}
 """Known disagreements per family and kind. hermes: replies cut inside the closing tag (`...}}\\n</tool`), whose JSON
-is whole: turnforge's lenient parse reads the call, vLLM's reads none (BENCHMARKS.md, tool-call parsers)."""
+is whole: turnforge's lenient parse reads the call, vLLM's reads none (BENCHMARKS.md, tool-call parsers). glm4: replies
+cut inside a block once the name is written: vLLM reads the unfinished call with the arguments finished so far,
+turnforge none (tool_call_glm4's docstring)."""
 
 EDGES = {
     "llama3": [
@@ -43,8 +45,26 @@ EDGES = {
         "<|tool_call_start|>[f(x=b'1')]<|tool_call_end|>", "<|tool_call_start|>[f(x={1: 2, None: 3})]<|tool_call_end|>",
         "<|tool_call_start|>[f(x=1), [g()]]<|tool_call_end|>", "[f(x=1)]", "<|tool_call_start|> [f(x=\"a]\")] <|tool_call_end|>",
     ],
+    "glm4": [
+        "<tool_call>act\n<arg_key>action</arg_key>\n<arg_value>look</arg_value>\n</tool_call>\n<tool_call>nosuch\n</tool_call>",
+        "<tool_call>nosuch\n<arg_key>action</arg_key>\n<arg_value>look</arg_value>\n</tool_call>",
+        "<tool_call>act<arg_key> n </arg_key><arg_value> 2 </arg_value></tool_call>after text",
+        "<tool_call>act\n<arg_key>n</arg_key>\n<arg_value>two</arg_value>\n<arg_key>zzz</arg_key>\n<arg_value>[1]</arg_value>\n"
+        "</tool_call>",
+        "<tool_call>act\n<arg_key>n</arg_key> junk <arg_value>2</arg_value>\n</tool_call>",
+        "<tool_call>act\nstray<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>", "<tool_call>\n</tool_call>",
+        "<tool_call>act\n<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n<arg_key>n</arg_key>\n<arg_value>3</arg_value>\n"
+        "</tool_call>",
+        "think first</think>text<tool_call>act\n</tool_call>", "<tool_call>act <tool_call>act\n</tool_call>",
+        '<think>hmm</think>\n<tool_call>act\n<arg_key>order</arg_key>\n<arg_value>{"a": 1}</arg_value>\n</tool_call>',
+        "<tool_call>act\n<arg_key>n</arg_key>\n<arg_value>null</arg_value>\n<arg_key>city</arg_key>\n<arg_value>null"
+        "</arg_value>\n</tool_call>",
+        "<tool_call>act\n<arg_key>n</arg_key>\n<arg_value>1.0</arg_value>\n<arg_key>flags</arg_key>\n<arg_value>x"
+        "</arg_value>\n</tool_call>",
+    ],
 }
 KNOWN_EDGES = {
+    "glm4": ["<tool_call>act\n<arg_key>action</arg_key>\n<arg_value>lo"],  # cut off: vLLM reads act({})
     "lfm2": ["<|tool_call_start|>[f(1, x=2)]<|tool_call_end|>",  # vLLM drops the positional 1; turnforge refuses
              "<|tool_call_start|>[run(cmd='sed -n '1,9p' f.py')]<|tool_call_end|>"],  # vLLM's nested-quote guess
 }
@@ -61,7 +81,7 @@ def bench():
     sys.path.remove(str(BENCHMARKS))
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3", "lfm2"])
+@pytest.mark.parametrize("family", ["hermes", "llama3", "lfm2", "glm4"])
 def test_generated_replies_read_alike(bench, family):
     rows = bench.compare(bench.FAMILIES[family], 200, 0)
     disagree = {}
@@ -76,7 +96,7 @@ def test_edge_replies_read_alike(bench, family):
     spec = bench.FAMILIES[family]
     texts = EDGES[family]
     parser = bench.vllm_parser(spec, texts)
-    fmt = bench.get_format(spec.format)
+    fmt = bench.turnforge_format(spec)
     for text in texts:
         theirs = bench.vllm_reads(parser, text, bench.vllm_request(spec))
         assert bench.turnforge_reads(fmt.parse(text)) == theirs, text

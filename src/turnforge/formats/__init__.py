@@ -7,6 +7,7 @@ Registered formats (`list_formats()`), each described in its own module:
     get_format("react_sql")  the same, actions as DBBench's `Action: Operation` + ```sql block
     get_format("tool_call")  Qwen3 / Hermes `<tool_call>` JSON blocks
     get_format("tool_call:llama3") Llama 3.x JSON calls, `{"name": ..., "parameters": {...}}`
+    get_format("tool_call:glm4")   GLM-4.5/4.6 `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>`
     get_format("tool_call:lfm2")   LiquidAI LFM2's `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`
     get_format("bfcl_python") BFCL's prompting format: `[func(a=1), g(b='x')]`
 
@@ -23,6 +24,7 @@ from turnforge.formats.base import Format, FormatError
 from turnforge.formats.bfcl_python import BfclPythonFormat
 from turnforge.formats.react import ReactFormat
 from turnforge.formats.tool_call import ToolCallFormat
+from turnforge.formats.tool_call_glm4 import Glm4ToolCallFormat
 from turnforge.formats.tool_call_lfm2 import Lfm2ToolCallFormat
 from turnforge.formats.tool_call_llama3 import Llama3ToolCallFormat
 
@@ -32,6 +34,7 @@ _FORMATS: dict[str, Callable[[], Format]] = {
     "react": ReactFormat,
     "react_sql": lambda: ReactFormat(code_language="sql", name="react_sql"),
     "tool_call": ToolCallFormat,
+    "tool_call:glm4": Glm4ToolCallFormat,
     "tool_call:lfm2": Lfm2ToolCallFormat,
     "tool_call:llama3": Llama3ToolCallFormat,
 }
@@ -55,6 +58,7 @@ __all__ = [
     "ActLineFormat",
     "Format",
     "FormatError",
+    "Glm4ToolCallFormat",
     "Lfm2ToolCallFormat",
     "Llama3ToolCallFormat",
     "ReactFormat",
