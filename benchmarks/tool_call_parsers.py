@@ -95,15 +95,21 @@ GLM4_TOKENS = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>"
                "<arg_value>", "</arg_value>")
 """GLM-4.5's added tokens that its template and tool calls use (zai-org/GLM-4.5-Air tokenizer_config.json)."""
 
+PHI4_MINI_TOKENS = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>",
+                    "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>", "<|tag|>")
+"""Phi-4-mini's added tokens around tools (microsoft/Phi-4-mini-instruct tokenizer.json; its calls are plain text)."""
+
 FAMILIES = {
     family.name: family
     for family in (
         Family("hermes", "tool_call", "hermes_tool_parser:Hermes2ProToolParser", _tokens(QWEN3_TOKENS), "<tool_call>"),
         Family("llama3", "tool_call:llama3", "llama_tool_parser:Llama3JsonToolParser", _tokens(LLAMA3_TOKENS), "",
                tag="<|python_tag|>"),
+        Family("lfm2", "tool_call:lfm2", "lfm2_tool_parser:Lfm2ToolParser", _tokens(LFM2_TOKENS), "<|tool_call_start|>"),
         Family("glm4", "tool_call:glm4", "glm47_moe_tool_parser:Glm47MoeModelToolParser", GLM4_TOKENS, "<tool_call>",
                needs_tools=True),
-        Family("lfm2", "tool_call:lfm2", "lfm2_tool_parser:Lfm2ToolParser", _tokens(LFM2_TOKENS), "<|tool_call_start|>"),
+        Family("phi4_mini", "tool_call:phi4_mini", "phi4mini_tool_parser:Phi4MiniJsonToolParser", PHI4_MINI_TOKENS,
+               "functools["),
     )
 }
 
@@ -169,7 +175,7 @@ def vllm_reads(parser: Any, text: str, request: Any) -> list | str | None:
         info = parser.extract_tool_calls(text, request)
     except Exception as e:  # noqa: BLE001 - a parser that raises reads nothing; recorded
         return f"raised {type(e).__name__}"
-    if not info.tools_called:
+    if not info.tools_called or not info.tool_calls:  # phi4_mini's says "called" with no calls when its JSON fails
         return None
     return [(c.function.name, json.loads(c.function.arguments)) for c in info.tool_calls]
 

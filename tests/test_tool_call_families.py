@@ -15,8 +15,8 @@ from turnforge.formats.chat_template import trl_chat_template
 from turnforge.types import Message, ToolCall
 
 FAST = settings(max_examples=300, deadline=None)
-FAMILY_FORMATS = ["tool_call:llama3", "tool_call:lfm2", "tool_call:glm4"]
-TYPED_FORMATS = ["tool_call:llama3", "tool_call:lfm2"]
+FAMILY_FORMATS = ["tool_call:llama3", "tool_call:lfm2", "tool_call:glm4", "tool_call:phi4_mini"]
+TYPED_FORMATS = ["tool_call:llama3", "tool_call:lfm2", "tool_call:phi4_mini"]
 """Formats whose text carries each value's type (GLM-4's is read by the tools' schemas: its own round trip below)."""
 
 
@@ -297,3 +297,42 @@ def test_glm4_system_prompt_is_the_templates_tool_section():
     text, _ = render_jinja_template(conversations=[[{"role": "user", "content": "Go."}]], tools=[ACT, ACT],
                                     chat_template=trl_chat_template("glm4moe.jinja"))
     assert "<|system|>\n" + glm4.system_prompt([ACT, ACT]) + "<|user|>" in text[0]
+
+
+# --- tool_call:phi4_mini ----------------------------------------------------------------------------------------
+
+phi4 = get_format("tool_call:phi4_mini")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "fixes"),
+    [
+        ('functools[{"name": "act", "arguments": {"action": "look", "n": 2}}]', calls(LOOK), []),
+        ('functools[{"name": "a", "arguments": {"x": [1, "]"]}}, {"name": "b", "arguments": {}}]',  # vLLM: none (known)
+         calls(("a", {"x": [1, "]"]}), ("b", {})), []),
+        ('I look.\nfunctools[{"name": "act", "parameters": {"action": "look", "n": 2}}] ok', calls(LOOK),
+         ['"parameters" instead of "arguments"', "text before functools", "text after the functools list"]),
+    ],
+)
+def test_phi4_mini_reads(text, expected, fixes):
+    parsed = phi4.parse_lenient(text)
+    assert (parsed.result, parsed.fixes) == (expected, fixes)
+    assert phi4.parse_strict(text) == expected if not fixes else isinstance(phi4.parse_strict(text), FormatError)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [("I looked.", "no functools["), ("functools[]", "empty"), ('functools[{"name": "a"}]', 'no "arguments"'),
+     ('functools[{"name": "a", "arguments": {"x": 1}', "not valid JSON"), ("functools[1]", '"name" string'),
+     ('functools[{"name": "a", "arguments": [1]}]', "must be a JSON object")],
+)
+def test_phi4_mini_refuses(text, reason):
+    result = phi4.parse(text)
+    assert isinstance(result, FormatError) and reason in result.reason
+
+
+def test_phi4_mini_has_no_place_for_text_beside_a_call():
+    assert phi4.thoughts is False
+    with pytest.raises(ValueError, match="no place for a thought"):
+        phi4.render(calls(LOOK), thought="I look.")
+    assert phi4.render(calls(LOOK)) == 'functools[{"name": "act", "arguments": {"action": "look", "n": 2}}]'

@@ -9,6 +9,7 @@ Registered formats (`list_formats()`), each described in its own module:
     get_format("tool_call:llama3") Llama 3.x JSON calls, `{"name": ..., "parameters": {...}}`
     get_format("tool_call:glm4")   GLM-4.5/4.6 `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>`
     get_format("tool_call:lfm2")   LiquidAI LFM2's `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`
+    get_format("tool_call:phi4_mini") Phi-4-mini's `functools[{"name": ..., "arguments": {...}}]`
     get_format("bfcl_python") BFCL's prompting format: `[func(a=1), g(b='x')]`
 
 `chat_template.py` is the step after a format: a conversation of Messages rendered to the model's token ids by the
@@ -27,6 +28,7 @@ from turnforge.formats.tool_call import ToolCallFormat
 from turnforge.formats.tool_call_glm4 import Glm4ToolCallFormat
 from turnforge.formats.tool_call_lfm2 import Lfm2ToolCallFormat
 from turnforge.formats.tool_call_llama3 import Llama3ToolCallFormat
+from turnforge.formats.tool_call_phi4_mini import Phi4MiniToolCallFormat
 
 _FORMATS: dict[str, Callable[[], Format]] = {
     "act_line": ActLineFormat,
@@ -37,6 +39,7 @@ _FORMATS: dict[str, Callable[[], Format]] = {
     "tool_call:glm4": Glm4ToolCallFormat,
     "tool_call:lfm2": Lfm2ToolCallFormat,
     "tool_call:llama3": Llama3ToolCallFormat,
+    "tool_call:phi4_mini": Phi4MiniToolCallFormat,
 }
 
 
@@ -61,6 +64,7 @@ __all__ = [
     "Glm4ToolCallFormat",
     "Lfm2ToolCallFormat",
     "Llama3ToolCallFormat",
+    "Phi4MiniToolCallFormat",
     "ReactFormat",
     "ToolCallFormat",
     "get_format",
