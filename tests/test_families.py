@@ -1,0 +1,250 @@
+"""Model families (issue 63): read from the template, token-exact per family, and every family end to end on a tiny model
+with that family's template and tokens: collect -> SFT 2 steps -> GRPO 2 steps -> eval, and `turnforge serve`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from rich.console import Console
+from transformers import AutoTokenizer
+
+from turnforge.envs.base import load_tasks, make_env, with_family_format
+from turnforge.formats import get_format
+from turnforge.formats.chat_template import ChatTemplateRenderer, template_name, trl_chat_template
+from turnforge.formats.families import (
+    check_tool_format,
+    detect_family,
+    get_family,
+    model_family,
+    visible_reply,
+)
+from turnforge.models import load_model
+from turnforge.pipeline import run_recipe
+from turnforge.policies.base import Generation, Prompt, SamplingParams
+from turnforge.policies.scripted import ExpertPolicy
+from turnforge.rollout import run_episodes
+from turnforge.tiny_model import build_tiny_model
+from turnforge.types import StopReason
+
+FAMILIES = ["qwen3_thinking", "llama3", "lfm2"]
+"""The families beside the quickstart's qwen3 (tested everywhere else) that have a tiny model."""
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory):
+    built: dict[str, Path] = {}
+
+    def build(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_model(tmp_path_factory.mktemp("families") / f"tiny-{family}", family=family)
+        return built[family]
+
+    return build
+
+
+# ---- reading the family ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("template, family", [
+    ("qwen3_instruct_2507.jinja", "qwen3"), ("qwen2_5.jinja", "qwen3"), ("qwen3.jinja", "qwen3_thinking"),
+    ("qwen3_training.jinja", "qwen3_thinking"), ("llama3_2.jinja", "llama3"), ("llama3_1.jinja", "llama3"),
+    ("lfm2.jinja", "lfm2"), ("gemma3.jinja", None), ("phi3_5.jinja", None),
+])
+def test_the_family_is_read_from_the_template(template, family):
+    found = detect_family(trl_chat_template(template))
+    assert (found.name if found else None) == family
+
+
+def test_reasoning_is_split_as_vllms_reasoning_parsers_split_it():
+    thinking = get_family("qwen3_thinking")
+    assert thinking.split_reasoning("<think>\nplan\n</think>\n\nACTION: go") == ("\nplan\n", "\n\nACTION: go")
+    assert thinking.split_reasoning("plan</think>ACTION: go") == ("plan", "ACTION: go")  # open tag in the prompt
+    assert thinking.split_reasoning("<think>\nstill thinking") == ("\nstill thinking", "")  # cut off: all reasoning
+    assert get_family("llama3").split_reasoning("<think>x</think>y") == ("", "<think>x</think>y")
+    assert visible_reply(thinking, "<think>a</think>\nACTION: look") == "\nACTION: look"
+    assert visible_reply(None, "<think>a</think>b") == "<think>a</think>b"
+
+
+def test_tool_call_means_the_models_own_tool_format():
+    llama = get_family("llama3")
+    assert with_family_format("household", {"format": "tool_call"}, llama) == {"format": "tool_call:llama3"}
+    assert with_family_format("bfcl", {}, llama) == {"format": "tool_call:llama3"}  # the env's default format
+    assert with_family_format("household", {"format": "act_line"}, llama) == {"format": "act_line"}
+    assert with_family_format("household", {"format": "tool_call"}, get_family("qwen3")) == {"format": "tool_call"}
+    assert make_env("household", format="tool_call:llama3").format.name == "tool_call:llama3"
+    with pytest.raises(ValueError, match="household: format: 'tool_call:nope'|unknown format 'tool_call:nope'"):
+        make_env("household", format="tool_call:nope")
+    check_tool_format(llama, "tool_call:llama3")
+    check_tool_format(llama, "act_line")
+    with pytest.raises(ValueError, match="writes tool calls as tool_call:llama3, but the env reads tool_call: set"):
+        check_tool_format(llama, "tool_call")
+    assert model_family("tiny:lfm2").name == "lfm2" and model_family("tiny").name == "qwen3"
+
+
+# ---- token-exact per family -------------------------------------------------------------------------------------
+
+class FamilyExpertTokens:
+    """The expert's replies as a model of the family writes them (a thinking family's reasoning block first), as
+    canonical ids + end-of-turn; it checks every prompt against the template the renderer renders with."""
+
+    name = "family-expert-tokens"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.renderer = ChatTemplateRenderer(tokenizer)
+        self.expert = ExpertPolicy()
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        for p in prompts:
+            assert p.ids == self.reference(p.messages, p.tools)
+        out = []
+        for g in self.expert.generate(prompts, params):
+            text = self.renderer.family.probe_reply(g.text)  # "<think>\nI act.\n</think>\n\n" + the action
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            out.append(Generation(text, ids, [0.0] * len(ids), "stop"))
+        return out
+
+    def reference(self, messages, tools) -> list[int]:
+        return self.tokenizer.apply_chat_template([m.to_dict() for m in messages], tools=tools, add_generation_prompt=True,
+                                                  chat_template=self.renderer.template)["input_ids"]
+
+
+@pytest.mark.parametrize("fmt", ["act_line", "tool_call"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rollout_ids_are_the_family_templates_rendering(family_model_dir, family, fmt):
+    """The episode's ids (prompt + generated + observation deltas) equal the family's template rendering the whole
+    conversation; the env read each reply without its reasoning (the expert still wins every episode)."""
+    tokenizer = AutoTokenizer.from_pretrained(family_model_dir(family))
+    policy = FamilyExpertTokens(tokenizer)
+    options = with_family_format("household", {"format": fmt}, policy.renderer.family)
+    trajs = run_episodes(policy, lambda: make_env("household", **options), load_tasks("household", "train", limit=4), 1,
+                         renderer=policy.renderer)
+    for traj in trajs:
+        assert traj.stop_reason is StopReason.success and len(traj.turns) >= 2
+        ids = list(traj.prompt_ids)
+        for turn in traj.turns:
+            ids += turn.generated_ids + turn.observation_ids
+        assert ids == policy.reference(traj.messages, traj.tools)
+        assert all(turn.parse_ok for turn in traj.turns)
+
+
+def test_a_thinking_template_renders_with_trls_training_variant_and_keeps_every_turns_reasoning(family_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(family_model_dir("qwen3_thinking"))
+    renderer = ChatTemplateRenderer(tokenizer)
+    assert template_name(tokenizer) == "chat template trl/chat_templates/qwen3.jinja"  # its own: drops reasoning
+    assert template_name(tokenizer, renderer.template) == "chat template trl/chat_templates/qwen3_training.jinja"
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "<think>\nR1\n</think>\n\nA1"},
+                {"role": "user", "content": "obs"}]
+    assert "R1" in tokenizer.decode(renderer.prompt_ids(messages, None))
+    assert "R1" not in tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# ---- every family end to end ------------------------------------------------------------------------------------
+
+RECIPE = """\
+name = "family-{family}"
+
+[model]
+name = "tiny:{family}"
+
+[env]
+name = "household"
+format = "tool_call"
+
+[[stages]]
+kind = "collect"
+tasks = 16
+
+[[stages]]
+kind = "sft"
+data = ["collect"]
+max_steps = 2
+batch_size = 2
+max_length = 2048
+logging_steps = 1
+learning_rate = 1e-3
+
+[[stages]]
+kind = "grpo"
+model = "sft"
+steps = 2
+tasks = 4
+tasks_per_step = 2
+num_generations = 2
+max_new_tokens = 24
+max_completion_length = 512
+mask_truncated_completions = false  # a 2-step SFT model seldom ends its last turn within max_new_tokens
+learning_rate = 1e-2
+env = {{ max_steps = 3 }}
+# A 2-step SFT model rarely writes a valid call: the episodes' lengths (DAPO's soft overlong penalty over a
+# 500-token buffer) are what differ within a group.
+rewards = {{ outcome = 1.0, format = 1.0, overlong = 1.0, overlong_buffer = 500 }}
+
+[[stages]]
+kind = "eval"
+model = "grpo"
+tasks = 2
+max_new_tokens = 12
+env = {{ max_steps = 2 }}
+"""
+
+CALL_TEXT = {"qwen3_thinking": '<tool_call>\n{"name": "act"', "llama3": '{"name": "act", "parameters": {',
+             "lfm2": "<|tool_call_start|>[act("}
+
+
+def _changed(before: Path, after: Path) -> list[str]:
+    """Names of the parameters that differ between two saved models."""
+    old, _ = load_model(str(before), dtype="float32", device="cpu")
+    new, _ = load_model(str(after), dtype="float32", device="cpu")
+    trained = dict(new.named_parameters())
+    return [n for n, p in old.named_parameters() if not torch.equal(p, trained[n])]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_collects_trains_and_evaluates_in_its_own_format(family, tmp_path):
+    """`model = "tiny:FAMILY"` with `format = "tool_call"`: the expert demonstrates in the family's tool-call format,
+    SFT trains 2 steps and GRPO 2 steps on its model (every parameter changes), the eval plays it."""
+    recipe = tmp_path / "family.toml"
+    recipe.write_text(RECIPE.format(family=family))
+    out = tmp_path / "run"
+    summary = run_recipe(recipe, out, console=Console(quiet=True))
+    stages = out / "stages"
+    collected = [json.loads(line) for line in (stages / "01-collect" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(collected) == 16 and all(e["stop_reason"] == "success" for e in collected)
+    assert all(CALL_TEXT[family] in t["text"] for e in collected for t in e["turns"])
+    base = out / "models" / f"tiny-{family}"
+    assert _changed(base, stages / "02-sft" / "model")
+    start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
+    assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
+    assert summary["eval"], summary
+
+
+def test_serve_answers_tool_calls_and_reasoning_in_the_models_family_format(family_model_dir):
+    """`turnforge serve` over each family's tiny model: a chat request with `tools` answers (streamed too); the reply
+    text is read in the family's tool-call format and a thinking model's reasoning comes apart."""
+    from turnforge.policies.serve import ServedModel, _reply, running_server
+
+    lfm2 = get_family("lfm2")
+    text = '<|tool_call_start|>[act(action="look")]<|tool_call_end|>'
+    message, finish = _reply(Generation(text=text, ids=[1]), [], True, False, lfm2, get_format("tool_call:lfm2"))
+    assert finish == "tool_calls" and message["tool_calls"][0]["function"] == {"name": "act",
+                                                                               "arguments": '{"action": "look"}'}
+    thinking = get_family("qwen3_thinking")
+    text = '<think>\nI look.\n</think>\n\n<tool_call>\n{"name": "act", "arguments": {"action": "look"}}\n</tool_call>'
+    message, finish = _reply(Generation(text=text, ids=[1]), [], True, False, thinking, get_format("tool_call"))
+    assert finish == "tool_calls" and message["reasoning"] == "I look." and message["tool_calls"]
+    tools = [{"type": "function", "function": {"name": "act", "parameters": {
+        "type": "object", "properties": {"action": {"type": "string"}}}}}]
+    for family in FAMILIES:
+        served = ServedModel(str(family_model_dir(family)), name=family, device="cpu")
+        assert served.tool_format.name == get_family(family).tool_format
+        with running_server(served) as url:
+            body = {"model": family, "messages": [{"role": "user", "content": "look around"}], "tools": tools,
+                    "max_tokens": 8, "temperature": 0}
+            answer = httpx.post(f"{url}/chat/completions", json=body, timeout=120).json()
+            assert answer["choices"][0]["message"]["role"] == "assistant", answer
+            streamed = httpx.post(f"{url}/chat/completions", json={**body, "stream": True}, timeout=120).text
+            assert streamed.rstrip().endswith("data: [DONE]")
