@@ -84,6 +84,27 @@ def test_tool_call_means_the_models_own_tool_format():
     assert model_family("tiny:lfm2").name == "lfm2" and model_family("tiny").name == "qwen3"
 
 
+def test_eval_reports_how_the_calls_were_written_per_family():
+    """summary.json's `tool_calls`: of the replies attempting a call (reasoning left out: a reply that never closes
+    its reasoning is all reasoning, as vLLM's qwen3 parser reads it), the lenient and strict parse rates and the
+    fixes, by hand on six replies."""
+    from turnforge.eval.metrics import tool_call_quality
+    from turnforge.types import Score, Trajectory, Turn
+
+    call = '<tool_call>\n{"name": "act", "arguments": {"action": "look"}}\n</tool_call>'
+    replies = [call, "<tool_call>\n{'name': 'act', 'arguments': {}}\n</tool_call>", "<tool_call>\nnot json", "I am done."]
+    texts = [f"<think>\n</think>\n\n{reply}" for reply in replies] + [
+        f"<think>\nmaybe {call}\n</think>\n\nno call after all", f"<think>\nstill thinking {call}"]
+    turns = [Turn(text=text, generated_ids=[1], logprobs=[0.0]) for text in texts]
+    traj = Trajectory(task_id="t", env="e", category="c", messages=[], turns=turns, score=Score(False, 0.0, 0.0),
+                      stop_reason=StopReason.failure)
+    quality = tool_call_quality([traj], get_format("tool_call"), get_family("qwen3_thinking"))
+    assert quality == {"format": "tool_call", "family": "qwen3_thinking", "call_replies": 3, "parse_lenient": 2 / 3,
+                       "parse_strict": 1 / 3, "fixes": {"Python literal instead of JSON (single quotes?)": 1}}
+    # read without the family, the reasoning's calls are attempts too
+    assert tool_call_quality([traj], get_format("tool_call"), None)["call_replies"] == 5
+
+
 # ---- token-exact per family -------------------------------------------------------------------------------------
 
 class FamilyExpertTokens:
@@ -219,7 +240,10 @@ def test_every_family_collects_trains_and_evaluates_in_its_own_format(family, tm
     assert _changed(base, stages / "02-sft" / "model")
     start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
     assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
-    assert summary["eval"], summary
+    evaluated = json.loads((out / "eval" / "eval" / "summary.json").read_text())
+    assert evaluated["env_options"]["format"] == get_family(family).tool_format
+    assert evaluated["tool_calls"]["format"] == get_family(family).tool_format
+    assert evaluated["tool_calls"]["family"] == family
 
 
 def test_serve_answers_tool_calls_and_reasoning_in_the_models_family_format(family_model_dir):

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, with_family_format
-from turnforge.eval.metrics import summarize
+from turnforge.eval.metrics import summarize, tool_call_quality
+from turnforge.formats import get_format
 from turnforge.formats.families import is_tiny
 from turnforge.launch import on_main_process
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
@@ -202,6 +203,10 @@ def run_eval(
         env_metrics = get_env_spec(env).env_metrics
         if env_metrics is not None:
             summary["env_metrics"] = env_metrics(episodes)
+        fmt_name = str(summary["env_options"].get("format", ""))
+        if fmt_name.startswith("tool_call"):  # the calls' quality as written (issue 63: per family)
+            family = policy.renderer.family if policy is not None and policy.renderer is not None else None
+            summary["tool_calls"] = tool_call_quality(episodes, get_format(fmt_name), family)
         usage = getattr(policy, "usage", None)
         if usage is not None:  # a server policy's token usage, this invocation's (as wall_s)
             summary["usage"] = usage.to_dict()

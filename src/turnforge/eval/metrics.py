@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from turnforge.estimators import pass_at_k, pass_hat_k, wilson_interval
+from turnforge.formats.base import FormatError
+from turnforge.formats.families import Family, visible_reply
 from turnforge.types import StopReason, Trajectory
 
 # The keys of summary.json, in order: a contract that later stages and external checks read.
@@ -117,3 +120,32 @@ def summarize(
         "tool_errors": sum(int(t.score.details.get("tool_errors", 0) or 0) for t in trajectories),
         "sampling": sampling,
     }
+
+
+def tool_call_quality(trajectories: list[Trajectory], fmt: Any, family: Family | None) -> dict[str, Any]:
+    """How the model wrote its tool calls in `fmt` (a `tool_call` format: its family's): of the replies that attempt a
+    call (the format's `call_marker` in the reply without its reasoning), the share the lenient parse reads (what the
+    env acted on), the share valid as written (`parse_strict`: no fix needed), and how often each fix was needed."""
+    attempts = lenient = strict = 0
+    fixes: Counter[str] = Counter()
+    for traj in trajectories:
+        for turn in traj.turns:
+            text = visible_reply(family, turn.text)
+            if fmt.call_marker not in text:
+                continue
+            attempts += 1
+            parsed = fmt.parse_lenient(text)
+            if isinstance(parsed.result, FormatError):
+                continue
+            lenient += 1
+            strict += not parsed.fixes
+            fixes.update(parsed.fixes)
+    return {
+        "format": fmt.name,
+        "family": family.name if family is not None else None,
+        "call_replies": attempts,
+        "parse_lenient": lenient / attempts if attempts else None,
+        "parse_strict": strict / attempts if attempts else None,
+        "fixes": dict(fixes.most_common()),
+    }
+
