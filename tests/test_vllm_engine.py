@@ -210,3 +210,23 @@ def test_without_verbose_vllms_engine_processes_are_quiet(tmp_path):
     quiet = runs["quiet"].stdout + runs["quiet"].stderr
     assert all(x in loud for x in ("INFO-LINE", "WARNING-LINE", "DEPRECATED-LINE")), loud
     assert not any(x in quiet for x in ("INFO-LINE", "WARNING-LINE", "DEPRECATED-LINE")), quiet
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3_thinking"])
+def test_a_model_family_plays_on_vllm_as_on_hf(tmp_path, family):
+    """Issue 63: a tiny model of another family (Llama 3's template, <|eot_id|> ending its turns; Qwen3's thinking
+    template, rendered with TRL's training variant) plays its own tool-call format on vLLM token for token as on hf."""
+    from turnforge.policies.vllm import VLLMPolicy
+    from turnforge.tiny_model import build_tiny_model
+    from vllm_engines import TEST_ENGINE
+
+    model = build_tiny_model(tmp_path / family, family=family)
+    policy = VLLMPolicy(str(model), **TEST_ENGINE)
+    try:
+        assert policy.renderer.family.name == family
+        options = {"format": policy.renderer.family.tool_format}
+        ours = play(policy, "household", options, 2, GREEDY, max_turns=3)
+    finally:
+        policy.llm.llm_engine.engine_core.shutdown()
+    hf = make_policy("hf", model=str(model), device="cpu", dtype="float32")
+    assert_same_episodes(ours, play(hf, "household", options, 2, GREEDY, max_turns=3), LOGPROB_TOL)
