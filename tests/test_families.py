@@ -30,8 +30,10 @@ from turnforge.rollout import run_episodes
 from turnforge.tiny_model import build_tiny_model
 from turnforge.types import StopReason
 
-FAMILIES = ["qwen3_thinking", "llama3", "lfm2"]
-"""The families beside the quickstart's qwen3 (tested everywhere else) that have a tiny model."""
+TOOL_FAMILIES = ["qwen3_thinking", "llama3", "lfm2"]
+FAMILIES = [*TOOL_FAMILIES, "gemma3"]
+"""The families beside the quickstart's qwen3 (tested everywhere else) that have a tiny model; Gemma 3's template
+renders no tools, so it plays text formats only."""
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +53,7 @@ def family_model_dir(tmp_path_factory):
 @pytest.mark.parametrize("template, family", [
     ("qwen3_instruct_2507.jinja", "qwen3"), ("qwen2_5.jinja", "qwen3"), ("qwen3.jinja", "qwen3_thinking"),
     ("qwen3_training.jinja", "qwen3_thinking"), ("llama3_2.jinja", "llama3"), ("llama3_1.jinja", "llama3"),
-    ("lfm2.jinja", "lfm2"), ("gemma3.jinja", None), ("phi3_5.jinja", None),
+    ("lfm2.jinja", "lfm2"), ("gemma3.jinja", "gemma3"), ("phi3_5.jinja", None), ("gemma4.jinja", None),
 ])
 def test_the_family_is_read_from_the_template(template, family):
     found = detect_family(trl_chat_template(template))
@@ -133,8 +135,8 @@ class FamilyExpertTokens:
                                                   chat_template=self.renderer.template)["input_ids"]
 
 
-@pytest.mark.parametrize("fmt", ["act_line", "tool_call"])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(("family", "fmt"), [
+    *((family, fmt) for family in TOOL_FAMILIES for fmt in ("act_line", "tool_call")), ("gemma3", "act_line")])
 def test_rollout_ids_are_the_family_templates_rendering(family_model_dir, family, fmt):
     """The episode's ids (prompt + generated + observation deltas) equal the family's template rendering the whole
     conversation; the env read each reply without its reasoning (the expert still wins every episode)."""
@@ -163,6 +165,16 @@ def test_a_thinking_template_renders_with_trls_training_variant_and_keeps_every_
     assert "R1" not in tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def test_a_family_whose_template_renders_no_tools_is_refused_for_a_tool_env_in_one_line(family_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(family_model_dir("gemma3"))
+    renderer = ChatTemplateRenderer(tokenizer)
+    assert renderer.family.name == "gemma3" and renderer.family.tool_format is None
+    env = make_env("household", **with_family_format("household", {"format": "tool_call"}, renderer.family))
+    messages = env.reset(load_tasks("household", "train", limit=1)[0])
+    with pytest.raises(ValueError, match=r"gemma3\.jinja does not render tools.*format=react, or act_line"):
+        renderer.prompt_ids(messages, env.tools())
+
+
 # ---- every family end to end ------------------------------------------------------------------------------------
 
 RECIPE = """\
@@ -173,7 +185,7 @@ name = "tiny:{family}"
 
 [env]
 name = "household"
-format = "tool_call"
+format = "{format}"
 
 [[stages]]
 kind = "collect"
@@ -229,21 +241,26 @@ def test_every_family_collects_trains_and_evaluates_in_its_own_format(family, tm
     """`model = "tiny:FAMILY"` with `format = "tool_call"`: the expert demonstrates in the family's tool-call format,
     SFT trains 2 steps and GRPO 2 steps on its model (every parameter changes), the eval plays it."""
     recipe = tmp_path / "family.toml"
-    recipe.write_text(RECIPE.format(family=family))
+    tools = family in TOOL_FAMILIES
+    recipe.write_text(RECIPE.format(family=family, format="tool_call" if tools else "act_line"))
     out = tmp_path / "run"
-    summary = run_recipe(recipe, out, console=Console(quiet=True))
+    run_recipe(recipe, out, console=Console(quiet=True))
     stages = out / "stages"
     collected = [json.loads(line) for line in (stages / "01-collect" / "trajectories.jsonl").read_text().splitlines()]
     assert len(collected) == 16 and all(e["stop_reason"] == "success" for e in collected)
-    assert all(CALL_TEXT[family] in t["text"] for e in collected for t in e["turns"])
+    assert all(CALL_TEXT[family] in t["text"] for e in collected for t in e["turns"]) if tools else all(
+        t["text"].startswith("ACTION: ") for e in collected for t in e["turns"])
     base = out / "models" / f"tiny-{family}"
     assert _changed(base, stages / "02-sft" / "model")
     start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
     assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
     evaluated = json.loads((out / "eval" / "eval" / "summary.json").read_text())
-    assert evaluated["env_options"]["format"] == get_family(family).tool_format
-    assert evaluated["tool_calls"]["format"] == get_family(family).tool_format
-    assert evaluated["tool_calls"]["family"] == family
+    if tools:
+        assert evaluated["env_options"]["format"] == get_family(family).tool_format
+        assert evaluated["tool_calls"]["format"] == get_family(family).tool_format
+        assert evaluated["tool_calls"]["family"] == family
+    else:
+        assert evaluated["env_options"]["format"] == "act_line" and "tool_calls" not in evaluated
 
 
 def test_serve_answers_tool_calls_and_reasoning_in_the_models_family_format(family_model_dir):
@@ -264,7 +281,7 @@ def test_serve_answers_tool_calls_and_reasoning_in_the_models_family_format(fami
         "type": "object", "properties": {"action": {"type": "string"}}}}}]
     for family in FAMILIES:
         served = ServedModel(str(family_model_dir(family)), name=family, device="cpu")
-        assert served.tool_format.name == get_family(family).tool_format
+        assert served.tool_format.name == (get_family(family).tool_format or "tool_call")
         with running_server(served) as url:
             body = {"model": family, "messages": [{"role": "user", "content": "look around"}], "tools": tools,
                     "max_tokens": 8, "temperature": 0}

@@ -22,7 +22,9 @@ from turnforge.integrations.openenv.server import running_server  # noqa: E402
 from turnforge.rollouts_file import run_eval  # noqa: E402
 from turnforge.types import Trajectory  # noqa: E402
 
-TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "env_options", "policy"}
+# tool_calls: the direct env names its format in its options, an OpenEnv URL env learns it from the server at reset,
+# so only the direct run's summary can say how the calls were written (eval/metrics.py, tool_call_quality).
+TIMING_KEYS = {"wall_s", "wall_s_invocation", "env", "env_options", "policy", "tool_calls"}
 
 
 @pytest.mark.parametrize("policy", ["replay", "expert"])

@@ -43,6 +43,12 @@ LFM2_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 """LFM2's added tokens that its template and tool calls use (LiquidAI/LFM2-1.2B tokenizer.json)."""
 
+GEMMA3_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<pad>", True), ("<eos>", True), ("<bos>", True), ("<unk>", True), ("<start_of_turn>", True),
+    ("<end_of_turn>", True),
+)
+"""Gemma 3's added tokens that its template uses (google/gemma-3-4b-it tokenizer.json; its image tokens left out)."""
+
 
 @dataclass(frozen=True)
 class Family:
@@ -111,6 +117,10 @@ FAMILIES: dict[str, Family] = {
             hub_id="meta-llama/Llama-3.2-3B-Instruct", vllm_tool_parser="llama3_json",
         ),
         Family(
+            "gemma3", "gemma3.jinja", ("<start_of_turn>", "<end_of_turn>"), None, GEMMA3_TOKENS, "<end_of_turn>",
+            "<pad>", bos="<bos>", hub_id="google/gemma-3-4b-it",
+        ),
+        Family(
             "lfm2", "lfm2.jinja", ("<|im_start|>", "<|tool_list_start|>"), "tool_call:lfm2", LFM2_TOKENS,
             "<|im_end|>", "<|pad|>", bos="<|startoftext|>", hub_id="LiquidAI/LFM2-2.6B", vllm_tool_parser="lfm2",
         ),
@@ -118,7 +128,7 @@ FAMILIES: dict[str, Family] = {
 }
 """The families a model is read as, most specific first (qwen3_thinking's markers include qwen3's)."""
 
-_DETECT_ORDER = ("qwen3_thinking", "qwen3", "llama3", "lfm2")
+_DETECT_ORDER = ("qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
 
 
 def list_families() -> list[str]:
