@@ -282,7 +282,8 @@ def eval_command(
     policy: Annotated[
         str, typer.Option(help="expert | random | replay:FILE | hf | vllm | openai:URL.")
     ] = "expert",
-    model: Annotated[str | None, typer.Option(help="Model id or path, for the model backends.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model id or path, for the model backends; tiny (or tiny:FAMILY): the offline tiny model.")] = None,
     split: Annotated[str, typer.Option(help="Task split.")] = "test",
     tasks: Annotated[int | None, typer.Option(help="First N tasks of the split (default: all).")] = None,
     samples: Annotated[int, typer.Option(help="Episodes per task (for pass@k / pass^k).")] = 1,
@@ -368,7 +369,8 @@ SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a recipe value: KEY.PATH=VALUE, e.g. stages.sft.epochs=2."),
 ]
-ModelOption = Annotated[str | None, typer.Option(help="Base model (model.name): tiny, a path or a hub id.")]
+ModelOption = Annotated[str | None, typer.Option(
+    help="Base model (model.name): tiny (or tiny:FAMILY, docs/families.md), a path or a hub id.")]
 
 
 @app.command("run")

@@ -18,7 +18,8 @@ class ModelConfig(Table):
     """`[model]`: the initial model of the run (the "base" that stages start from)."""
 
     name: str = "tiny"
-    """"tiny" (the offline tiny model, built into OUT/models/tiny), a local path, or a Hugging Face hub id."""
+    """"tiny" (the offline tiny model, built into OUT/models/tiny; "tiny:FAMILY" another family's, into
+    OUT/models/tiny-FAMILY: docs/families.md), a local path, or a Hugging Face hub id."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype for generation (hf rollouts)."""
     device: str = "auto"
