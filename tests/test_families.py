@@ -28,6 +28,7 @@ from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 from turnforge.tiny_model import build_tiny_model
+from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import StopReason
 
 TOOL_FAMILIES = ["qwen3_thinking", "llama3", "lfm2"]
@@ -139,7 +140,8 @@ class FamilyExpertTokens:
     *((family, fmt) for family in TOOL_FAMILIES for fmt in ("act_line", "tool_call")), ("gemma3", "act_line")])
 def test_rollout_ids_are_the_family_templates_rendering(family_model_dir, family, fmt):
     """The episode's ids (prompt + generated + observation deltas) equal the family's template rendering the whole
-    conversation; the env read each reply without its reasoning (the expert still wins every episode)."""
+    conversation; the env read each reply without its reasoning (the expert still wins every episode); GRPO's
+    sequence trains exactly the sampled ids."""
     tokenizer = AutoTokenizer.from_pretrained(family_model_dir(family))
     policy = FamilyExpertTokens(tokenizer)
     options = with_family_format("household", {"format": fmt}, policy.renderer.family)
@@ -152,6 +154,11 @@ def test_rollout_ids_are_the_family_templates_rendering(family_model_dir, family
             ids += turn.generated_ids + turn.observation_ids
         assert ids == policy.reference(traj.messages, traj.tools)
         assert all(turn.parse_ok for turn in traj.turns)
+        # what GRPO trains on: the sampled ids (reasoning included), and only them, in the rendered sequence
+        prompt, completion, mask, _ = episode_sequence(traj, max_completion_length=len(ids))
+        assert prompt + completion == ids[: len(prompt) + len(completion)]
+        assert [t for t, m in zip(completion, mask, strict=True) if m] == [t for turn in traj.turns
+                                                                           for t in turn.generated_ids]
 
 
 def test_a_thinking_template_renders_with_trls_training_variant_and_keeps_every_turns_reasoning(family_model_dir):
