@@ -28,11 +28,14 @@ def test_full_recipe_follows_the_seed():
     assert recipe.stage("collect").policy == "expert" and recipe.stage("rft").keep == "success"
 
 
-def test_a_base_user_is_the_base_model_in_every_stage_that_plays(tmp_path):
+def test_a_base_user_is_the_base_model_in_every_stage_that_plays(tmp_path, monkeypatch):
+    from turnforge.formats.families import get_family
     from turnforge.stages.context import RunContext
 
     recipe = load_recipe("tau_sft_rft_grpo")
     ctx = RunContext(recipe, tmp_path)
+    # A real run reads Qwen3-4B-Instruct-2507's family from its tokenizer on the Hub; no network here.
+    monkeypatch.setattr("turnforge.stages.context.model_family", lambda path: get_family("qwen3"))
     playing = [s for s in recipe.stages if s.kind != "sft"]
     assert [s.id for s in playing] == ["eval-base", "collect", "rft", "grpo", "eval-grpo"]
     assert {ctx.stage_env(s)[1]["user"] for s in playing} == {"hf:Qwen/Qwen3-4B-Instruct-2507"}

@@ -312,14 +312,18 @@ def tasks_of(trajectories: Iterable[Trajectory], name: str, **options: Any) -> d
     return tasks
 
 
+def plays_tool_call(env: str, options: dict[str, Any]) -> bool:
+    """Whether `env` with `options` plays the plain `tool_call` format (given, or the env's default): the one that means
+    the model's own (`with_family_format`)."""
+    default = next((o.default for o in get_env_spec(env).options if o.name == "format"), None)
+    return options.get("format", default) == "tool_call"
+
+
 def with_family_format(env: str, options: dict[str, Any], family: Family | None) -> dict[str, Any]:
     """`options` with a `tool_call` format (given, or the env's default) written in the model `family`'s own tool-call
     format ("tool_call:llama3"...): the expert then demonstrates in it and replies are read in it. Unchanged for a
     text format, an unknown family, or a family whose template renders no tools (its renderer refuses tool envs)."""
-    if family is None or family.tool_format in (None, "tool_call"):
-        return options
-    default = next((o.default for o in get_env_spec(env).options if o.name == "format"), None)
-    if options.get("format", default) != "tool_call":
+    if family is None or family.tool_format in (None, "tool_call") or not plays_tool_call(env, options):
         return options
     return {**options, "format": family.tool_format}
 

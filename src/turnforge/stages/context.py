@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from turnforge.envs.base import get_env_spec, with_family_format
+from turnforge.envs.base import get_env_spec, plays_tool_call, with_family_format
 from turnforge.formats.families import Family, model_family
 from turnforge.launch import main_process_result
 from turnforge.rundir import MODELS_DIR, STAGES_DIR
@@ -105,6 +105,8 @@ class RunContext:
         for key in get_env_spec(name).role_options:
             if options.get(key) == BASE_ROLE:
                 options[key] = f"hf:{self.base_model().path}"
+        if not plays_tool_call(name, options):  # the base model's family matters to tool formats only
+            return name, options
         return name, with_family_format(name, options, self.model_family())
 
     def model_family(self) -> Family | None:
