@@ -108,6 +108,25 @@ def test_eval_reports_how_the_calls_were_written_per_family():
     assert tool_call_quality([traj], get_format("tool_call"), None)["call_replies"] == 5
 
 
+def test_the_rollout_gives_a_format_that_types_values_by_schema_the_episodes_tools():
+    """GLM-4's values are untyped text, read by the tools' schemas as vLLM's parser reads them by the request's: the
+    rollout binds the episode's tools to the env's format after each reset, through PlainTextEndsTurn too."""
+    from turnforge.envs.household.env import ACTION_TOOL
+    from turnforge.formats.base import bind_tools
+    from turnforge.formats.plain_text import PlainTextEndsTurn
+
+    env = make_env("household", format="tool_call:glm4")
+    (traj,) = run_episodes(ExpertPolicy(), lambda: env, load_tasks("household", "train", limit=1), 1)
+    assert traj.stop_reason is StopReason.success and env.format.tools == [ACTION_TOOL]
+    counted = {"type": "function", "function": {"name": "take", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}}}}
+    fmt = PlainTextEndsTurn(get_format("tool_call:glm4"))
+    reply = "<tool_call>take\n<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"
+    assert fmt.parse(reply).tool_calls[0].arguments == {"n": "2"}  # no schema: a string, as vLLM without tools
+    bind_tools(fmt, [counted])
+    assert fmt.parse(reply).tool_calls[0].arguments == {"n": 2}
+
+
 # ---- token-exact per family -------------------------------------------------------------------------------------
 
 class FamilyExpertTokens:

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from turnforge.envs.base import Env, UsesRoles
 from turnforge.episode import Episode, RolloutLimits, fail_episode, step_episode, to_trajectory
+from turnforge.formats.base import bind_tools
 from turnforge.formats.chat_template import ChatRenderer
 from turnforge.formats.families import check_tool_format
 from turnforge.policies.base import Policy, Prompt, SamplingParams
@@ -219,6 +220,7 @@ class _Run:
         try:
             ep.messages = list(ep.env.reset(ep.task))
             ep.tools = ep.env.tools()
+            bind_tools(ep.env.format, ep.tools)  # a format typing values by the tools' schemas reads by these
         except Exception:
             fail_episode(ep)
             return

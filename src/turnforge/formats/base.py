@@ -65,6 +65,14 @@ class Format(Protocol):
         ...
 
 
+def bind_tools(fmt: Format, tools: list[dict] | None) -> None:
+    """Give a format that reads argument values by the tools' JSON schemas (GLM-4's and Qwen3.5's: values are untyped
+    text there, as vLLM's parsers read them by the request's tools) the tools of the episode it parses next."""
+    bind = getattr(fmt, "bind_tools", None)
+    if bind is not None:
+        bind(tools)
+
+
 class TextActions:
     """Formats whose actions are text: the action is the message content, observations are user turns."""
 

@@ -137,8 +137,9 @@ class ChatTemplateRenderer:
                  family: Family | None = None):
         if window is not None and window < 1:
             raise ValueError(f"window must be at least 1 assistant turn (or None for the whole history), got {window}")
-        self.family = family or detect_family(tokenizer.chat_template)
-        self.template = prefix_preserving_template(tokenizer, self.family)
+        family = family or detect_family(tokenizer.chat_template)
+        self.template = prefix_preserving_template(tokenizer, family)
+        self.family = reading_family(tokenizer, family, self.template)
         self.tokenizer = tokenizer
         self.window = window
         self.eos_text: str = tokenizer.eos_token
@@ -268,6 +269,13 @@ _ADVICE = (
 )
 
 
+def reading_family(tokenizer: PreTrainedTokenizerBase, family: Family | None, template: str | None) -> Family | None:
+    """`family` with where `template`'s generation prompt leaves the reasoning (`Family.prompt_reasoning`)."""
+    if family is None or family.reasoning is None:
+        return family
+    return family.with_prompt_reasoning(render(tokenizer, [{"role": "user", "content": "x"}], None, True, template))
+
+
 def prefix_preserving_template(tokenizer: PreTrainedTokenizerBase, family: Family | None) -> str | None:
     """The template token-exact rollouts render with: None (the tokenizer's own) when it passes
     `check_prefix_preserving`, else the family's TRL training variant when that one passes; else the own template's
@@ -307,6 +315,7 @@ def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase, family: Family |
     key = (template or tokenizer.chat_template, eos, family.name if family else "")
     if key in _CHECKED:
         return
+    family = reading_family(tokenizer, family, template)
     for messages, tools in _PROBES:
         if family is not None:
             messages = [{**m, "content": family.probe_reply(m["content"])} if m["role"] == "assistant" else m

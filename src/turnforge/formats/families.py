@@ -16,7 +16,7 @@ model with the family's template and special tokens (`turnforge.tiny_model`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 QWEN3_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
@@ -76,12 +76,17 @@ class Family:
     """A 3-8B model of the family on the Hugging Face Hub: what the README trains on a GPU."""
     vllm_tool_parser: str = ""
     """`vllm serve --tool-call-parser` for the family: the reference its tool-call format is held against."""
+    prompt_reasoning: bool | None = None
+    """Where a template's generation prompt leaves the reasoning: True, opened (Qwen3.5 think writes `<think>\n`, the
+    reply starts inside it); False, closed (a no-think prompt writes an empty block: the reply has none); None, not
+    touched (the reply opens it itself, or not). Set by the renderer from the template it renders with
+    (`with_prompt_reasoning`)."""
 
     def split_reasoning(self, text: str) -> tuple[str, str]:
-        """(reasoning, the rest) of a reply, as vLLM's reasoning parsers split it: an open tag is optional (a template
-        may write it in the generation prompt); with no close tag the whole reply is reasoning (cut off while
-        thinking). A family without reasoning: ("", text)."""
-        if self.reasoning is None:
+        """(reasoning, the rest) of a reply, as vLLM's reasoning parsers split it: after a prompt that closed the
+        reasoning there is none; otherwise the open tag is optional and, with no close tag, the whole reply is
+        reasoning (cut off while thinking). A family without reasoning: ("", text)."""
+        if self.reasoning is None or self.prompt_reasoning is False:
             return "", text
         start, end = self.reasoning
         before, opened, after = text.partition(start)
@@ -92,11 +97,20 @@ class Family:
         return reasoning, rest
 
     def probe_reply(self, action: str) -> str:
-        """A reply with `action` as this family's model writes it (its reasoning block first), for the start-up check."""
-        if self.reasoning is None:
+        """A reply with `action` as this family's model writes it after its generation prompt (its reasoning block
+        first, without the open tag where the prompt wrote it), for the start-up check."""
+        if self.reasoning is None or self.prompt_reasoning is False:
             return action
         start, end = self.reasoning
-        return f"{start}\nI act.\n{end}\n\n{action}"
+        return f"{'' if self.prompt_reasoning else start + chr(10)}I act.\n{end}\n\n{action}"
+
+    def with_prompt_reasoning(self, generation_prompt: str) -> Family:
+        """This family with `prompt_reasoning` read from the end of a rendered generation prompt."""
+        if self.reasoning is None:
+            return self
+        start, end = self.reasoning
+        tail = generation_prompt.rstrip()
+        return replace(self, prompt_reasoning=True if tail.endswith(start) else False if tail.endswith(end) else None)
 
 
 FAMILIES: dict[str, Family] = {

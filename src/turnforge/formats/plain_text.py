@@ -8,7 +8,7 @@ returns it as a plain assistant message instead when the text holds no call atte
 
 from __future__ import annotations
 
-from turnforge.formats.base import Format, FormatError
+from turnforge.formats.base import Format, FormatError, bind_tools
 from turnforge.types import Message, ToolCall
 
 
@@ -24,6 +24,9 @@ class PlainTextEndsTurn:
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         return self.inner.system_prompt(tools)
+
+    def bind_tools(self, tools: list[dict] | None) -> None:
+        bind_tools(self.inner, tools)
 
     def parse(self, text: str) -> Message | FormatError:
         if self.marker not in text:

@@ -16,7 +16,8 @@ A value's type is not in the text (`2` could be the string "2"), so, as vLLM's G
 `vllm serve --tool-call-parser glm45`) does, values are read by the tools' JSON schemas: an `integer` property's "2"
 is 2, a `string` property's "2" stays "2", an `object`/`array` property's text is read as JSON, and a value whose
 property has no schema stays a string. So the format needs the tools at parse time: `Glm4ToolCallFormat(tools=...)`
-(the env's `Env.tools()` schemas); without them every value is a string, as in vLLM for a request without tools.
+(the env's `Env.tools()` schemas: the rollout binds each episode's after its reset, `bind_tools`); without them every
+value is a string, as in vLLM for a request without tools.
 With tools, a call of a function not among them is dropped (vLLM's `validate_tool_names`; a fix), the other calls kept.
 
 `parse` reads what vLLM reads (held against it reply by reply in benchmarks/tool_call_parsers.py): every complete
@@ -151,6 +152,10 @@ class Glm4ToolCallFormat(ToolActions):
     def __init__(self, tools: list[dict] | None = None) -> None:
         self.tools = tools
         """The tools' JSON schemas (OpenAI shape, as `Env.tools()` gives them): values are read by their types."""
+
+    def bind_tools(self, tools: list[dict] | None) -> None:
+        """The tools of the episode parsed next (the rollout binds them after each reset; `formats.base.bind_tools`)."""
+        self.tools = tools
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         """GLM-4.5's own tool section when `tools` are given (its template's words), else just the call format."""

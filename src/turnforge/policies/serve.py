@@ -58,7 +58,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from turnforge.formats import Format, get_format
-from turnforge.formats.chat_template import encode, render
+from turnforge.formats.base import bind_tools
+from turnforge.formats.chat_template import encode, reading_family, render
 from turnforge.formats.families import Family
 from turnforge.policies.base import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -218,7 +219,8 @@ class ServedModel:
         if self.adapters:
             _load_adapters(self.hf, self.adapters)
         self.tokenizer = self.hf.tokenizer
-        self.family: Family | None = self.hf.renderer.family
+        # The family as the model's own template prompts it (the renderer's may render with a training variant).
+        self.family: Family | None = reading_family(self.tokenizer, self.hf.renderer.family, None)
         self.tool_format = get_format(self.family.tool_format if self.family and self.family.tool_format else "tool_call")
         """How the model writes tool calls (its family's format; Qwen3 / Hermes for a template of no known family)."""
         self.max_context = self.hf.max_context
@@ -416,10 +418,14 @@ async def _answer(served: ServedModel, state: dict[str, Any], request: ChatReque
         for index in range(request.n)
     ])
     tools = bool(request.tools) and request.tool_choice != "none"
+    tool_format = served.tool_format
+    if tools and hasattr(tool_format, "bind_tools"):  # it types values by the tools' schemas: this request's
+        tool_format = get_format(tool_format.name)
+        bind_tools(tool_format, request.tools)
     choices = []
     for index, gen in enumerate(gens):
         message, finish = _reply(gen, job.params.stop, tools, request.include_stop_str_in_output, served.family,
-                                 served.tool_format)
+                                 tool_format)
         _remember(served, request, job.messages, message, job.ids + gen.ids)
         choices.append(Choice(index, message, finish, gen))
     return choices
