@@ -278,15 +278,18 @@ def reading_family(tokenizer: PreTrainedTokenizerBase, family: Family | None, te
 
 def prefix_preserving_template(tokenizer: PreTrainedTokenizerBase, family: Family | None) -> str | None:
     """The template token-exact rollouts render with: None (the tokenizer's own) when it passes
-    `check_prefix_preserving`, else the family's TRL training variant when that one passes; else the own template's
-    error is raised."""
+    `check_prefix_preserving`, else TRL's training variant of it when that one passes: `X_training.jinja` where the
+    template is TRL's `X.jinja` (Qwen3.5 think and no-think differ), else the family's; else the own template's error
+    is raised."""
     try:
         check_prefix_preserving(tokenizer, family)
         return None
     except ValueError:
-        if family is None or family.training_template is None:
+        own = trl_template_names().get(tokenizer.chat_template or "", "")
+        variant = own.removesuffix(".jinja") + "_training.jinja"
+        if family is None or (variant not in trl_template_names().values() and family.training_template is None):
             raise
-    training = trl_chat_template(family.training_template)
+    training = trl_chat_template(variant if variant in trl_template_names().values() else family.training_template)
     check_prefix_preserving(tokenizer, family, training)
     return training
 
