@@ -126,6 +126,11 @@ FAMILIES: dict[str, Family] = {
             training_template="qwen3_training.jinja", hub_id="Qwen/Qwen3-4B-Thinking-2507", vllm_tool_parser="hermes",
         ),
         Family(
+            "qwen3_5", "qwen3_5_think.jinja", ("<|im_start|>", "<tool_call>", "<function="), "tool_call:qwen3_xml",
+            QWEN3_TOKENS, "<|im_end|>", "<|endoftext|>", reasoning=("<think>", "</think>"),
+            training_template="qwen3_5_think_training.jinja", hub_id="Qwen/Qwen3.5-4B", vllm_tool_parser="qwen3_xml",
+        ),
+        Family(
             "llama3", "llama3_2.jinja", ("<|start_header_id|>", "<|eot_id|>"), "tool_call:llama3", LLAMA3_TOKENS,
             "<|eot_id|>", "<|finetune_right_pad_id|>", bos="<|begin_of_text|>",
             hub_id="meta-llama/Llama-3.2-3B-Instruct", vllm_tool_parser="llama3_json",
@@ -142,7 +147,7 @@ FAMILIES: dict[str, Family] = {
 }
 """The families a model is read as, most specific first (qwen3_thinking's markers include qwen3's)."""
 
-_DETECT_ORDER = ("qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
+_DETECT_ORDER = ("qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
 
 
 def list_families() -> list[str]:
