@@ -14,6 +14,7 @@ each disagreeing kind.
     lfm2        tool_call:lfm2      Lfm2ToolParser (lfm2)
     glm4        tool_call:glm4      Glm4MoeModelToolParser (glm45)
     phi4_mini   tool_call:phi4_mini Phi4MiniJsonToolParser (phi4_mini_json)
+    qwen3_xml   tool_call:qwen3_xml Qwen3EngineToolParser (qwen3_xml, qwen3_coder)
 
 vLLM's parsers look their special tokens up in the tokenizer, so each family gets a minimal one: a small byte-level
 BPE trained on the family's replies, with the family's special tokens added (`tokenizers`, wrapped in
@@ -63,7 +64,8 @@ TOOLS = [
             "text": {"type": "string"}}}}}
     for name in NAMES
 ]
-"""The tools every reply calls, with a JSON schema per argument the replies use (GLM-4's parser reads values by it)."""
+"""The tools every reply calls, with a JSON schema per argument the replies use (GLM-4's and Qwen3.5's parsers read
+values by it)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ FAMILIES = {
                needs_tools=True),
         Family("phi4_mini", "tool_call:phi4_mini", "phi4mini_tool_parser:Phi4MiniJsonToolParser", PHI4_MINI_TOKENS,
                "functools["),
+        Family("qwen3_xml", "tool_call:qwen3_xml", "qwen3_engine_tool_parser:Qwen3EngineToolParser",
+               _tokens(QWEN3_TOKENS), "<tool_call>", needs_tools=True),
     )
 }
 
@@ -186,7 +190,7 @@ def turnforge_reads(parsed: Any) -> list | None:
 
 
 def turnforge_format(family: Family) -> Any:
-    """The family's format; one that reads values by the tools' schemas (tool_call:glm4) is given them."""
+    """The family's format; one that reads values by the tools' schemas (tool_call:glm4, :qwen3_xml) is given them."""
     fmt = get_format(family.format)
     return type(fmt)(tools=TOOLS) if family.needs_tools else fmt
 

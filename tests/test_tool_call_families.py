@@ -4,10 +4,11 @@ raising. Agreement with vLLM's parsers on generated replies is tests/test_tool_c
 
 from __future__ import annotations
 
+import json
 import keyword
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from turnforge.formats import FormatError, get_format
@@ -15,9 +16,10 @@ from turnforge.formats.chat_template import trl_chat_template
 from turnforge.types import Message, ToolCall
 
 FAST = settings(max_examples=300, deadline=None)
-FAMILY_FORMATS = ["tool_call:llama3", "tool_call:lfm2", "tool_call:glm4", "tool_call:phi4_mini"]
+FAMILY_FORMATS = ["tool_call:llama3", "tool_call:lfm2", "tool_call:glm4", "tool_call:phi4_mini", "tool_call:qwen3_xml"]
 TYPED_FORMATS = ["tool_call:llama3", "tool_call:lfm2", "tool_call:phi4_mini"]
-"""Formats whose text carries each value's type (GLM-4's is read by the tools' schemas: its own round trip below)."""
+"""Formats whose text carries each value's type (GLM-4's and Qwen3.5's are read by the tools' schemas: their own round
+trips below)."""
 
 
 def calls(*pairs: tuple[str, dict]) -> Message:
@@ -50,7 +52,8 @@ TOOL_NAMES = IDENTIFIERS
 
 @pytest.mark.parametrize("name", FAMILY_FORMATS)
 @FAST
-@given(text=st.text(max_size=200) | st.sampled_from(["{", "[", "<|tool_call_start|>[", "functools[", "<tool_call>"])
+@given(text=st.text(max_size=200) | st.sampled_from(["{", "[", "<|tool_call_start|>[", "functools[", "<tool_call>",
+                                                       "<tool_call>\n<function=act>\n<parameter="])
           .flatmap(lambda start: st.text(max_size=120).map(lambda rest: start + rest)))
 def test_parse_never_raises(name, text):
     fmt = get_format(name)
@@ -336,3 +339,139 @@ def test_phi4_mini_has_no_place_for_text_beside_a_call():
     with pytest.raises(ValueError, match="no place for a thought"):
         phi4.render(calls(LOOK), thought="I look.")
     assert phi4.render(calls(LOOK)) == 'functools[{"name": "act", "arguments": {"action": "look", "n": 2}}]'
+
+
+# --- tool_call:qwen3_xml ----------------------------------------------------------------------------------------
+
+qwen3_xml = get_format("tool_call:qwen3_xml")
+qwen3_xml_typed = type(qwen3_xml)(tools=[ACT])
+
+
+def xml_block(name: str, *pairs: tuple[str, str]) -> str:
+    return f"<tool_call>\n<function={name}>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in pairs) \
+        + "</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "fixes"),
+    [
+        (xml_block("act", ("action", "look"), ("n", "2")), calls(("act", {"action": "look", "n": 2})), []),
+        (xml_block("act", ("action", "2"), ("x", "1.5"), ("ok", "True"), ("o", '{"a": [1]}'), ("l", "null"),
+                   ("e", "2"), ("free", "[1]"), ("n", "two")),
+         calls(("act", {"action": "2", "x": 1.5, "ok": True, "o": {"a": [1]}, "l": None, "e": 2, "free": "[1]",
+                        "n": "two"})), []),
+        ("I will look.\n\n" + xml_block("act") + "\n" + xml_block("nosuch", ("n", "2")),  # vLLM keeps unknown tools
+         Message("assistant", "I will look.", tool_calls=[ToolCall("act", {}), ToolCall("nosuch", {"n": "2"})]), []),
+        (xml_block("act", ("action", "\n\nx\n\n"), ("action", "a > b </tool_call>")),  # one newline off; last wins
+         calls(("act", {"action": "a > b </tool_call>"})), []),
+        ("<tool_call>\n<function= act >\n<parameter= n >\n3\n</parameter>\n</function>\n</tool_call>",
+         calls(("act", {"n ": "3"})), []),  # a name is stripped, a parameter's name is not (vLLM's regex)
+        (xml_block("act") + " Done.", calls(("act", {})), ["text after the last </tool_call>"]),
+        ("<function=act>\n<parameter=n>\n3\n</parameter>\n</function>", calls(("act", {"n": 3})),
+         ["<function= without <tool_call>"]),
+        ("<tool_call>\n<function=act>\n</function>\n<tool_call>\n<function=act>\n</function>",
+         calls(("act", {}), ("act", {})), ["missing </tool_call>"]),
+        ("<tool_call>\n<function=act>\n<parameter=n>\n3\n<parameter=action>\nlook\n</parameter>\n</function>\n</tool_call>",
+         calls(("act", {"n": 3, "action": "look"})), ["a parameter of tool call 1 has no </parameter>"]),
+        ("<tool_call>\n<function=act>\n<parameter=n>\n3\n</function>\n</tool_call>",  # vLLM drops n (known)
+         calls(("act", {"n": 3})), ["a parameter of tool call 1 has no </parameter>"]),
+        ("<tool_call>\njunk<function=act>\nstray<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>",
+         calls(("act", {"n": 3})),
+         ["text inside <tool_call> outside the function of tool call 1", "text between the parameters of tool call 1"]),
+        (xml_block("act") + "\nand\n" + xml_block("act"), calls(("act", {}), ("act", {})), ["text between tool calls"]),
+    ],
+)
+def test_qwen3_xml_reads_values_by_the_tools_schemas(text, expected, fixes):
+    parsed = qwen3_xml_typed.parse_lenient(text)
+    assert (parsed.result, parsed.fixes) == (expected, fixes)
+    assert qwen3_xml_typed.parse_strict(text) == expected if not fixes else isinstance(
+        qwen3_xml_typed.parse_strict(text), FormatError)
+
+
+def test_qwen3_xml_without_tools_reads_every_value_as_a_string_and_bind_tools_sets_them():
+    fmt = type(qwen3_xml)()
+    text = xml_block("act", ("n", "2"), ("o", "{}"))
+    assert fmt.parse(text) == calls(("act", {"n": "2", "o": "{}"}))
+    fmt.bind_tools([ACT])
+    assert fmt.parse(text) == calls(("act", {"n": 2, "o": {}}))
+    fmt.bind_tools(None)
+    assert fmt.parse(text) == calls(("act", {"n": "2", "o": "{}"}))
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("I looked.", "no <function="),
+        ("<tool_call>\n<function=act>\n<parameter=n>\n3", "cut off inside tool call 1"),  # vLLM: act({}) (known)
+        ("<tool_call>\n<function=tra", "cut off inside tool call 1"),  # vLLM: tra({}) (known)
+        (xml_block("act") + "\n<tool_call>\n", "tool call 2 has no <function=name>"),  # vLLM: act({}) (known)
+        ('<tool_call>\n{"name": "act", "arguments": {}}\n</tool_call>', "tool call 1 has no <function=name>"),
+        ("<tool_call>\n<function=>\n</function>\n</tool_call>", "no function name"),
+    ],
+)
+def test_qwen3_xml_refuses(text, reason):
+    result = qwen3_xml_typed.parse(text)
+    assert isinstance(result, FormatError) and reason in result.reason
+
+
+def _schema(value) -> dict:
+    kinds = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (dict, "object"), (list, "array"))
+    return {"type": next(name for kind, name in kinds if isinstance(value, kind))}
+
+
+def _tools_typing(message: Message) -> list[dict]:
+    """One tool per call whose schema types each of its values."""
+    return [{"type": "function", "function": {"name": call.name, "parameters": {
+        "type": "object", "properties": {key: _schema(value) for key, value in call.arguments.items()}}}}
+        for call in message.tool_calls]
+
+
+_XML_TAGS = ("parameter", "</function>")  # a value holding a tag would end its parameter or its call
+
+
+@FAST
+@given(pairs=st.lists(st.tuples(TOOL_NAMES, st.dictionaries(IDENTIFIERS, ARGUMENT_VALUES.filter(lambda v: v is not None),
+                                                           max_size=4)), min_size=1, max_size=3, unique_by=lambda p: p[0]))
+def test_qwen3_xml_round_trip_of_values_typed_by_the_tools(pairs):
+    """Every value but a top-level None (the template writes `None`, read as that string, as vLLM reads it)."""
+    message = calls(*pairs)
+    assume(not any(tag in json.dumps(call.arguments, ensure_ascii=False) for call in message.tool_calls
+                   for tag in _XML_TAGS))
+    text = qwen3_xml.render(message)
+    fmt = type(qwen3_xml)(tools=_tools_typing(message))
+    assert fmt.parse(text) == message
+    assert fmt.parse_lenient(text).fixes == []
+    assert fmt.parse_strict(text) == message
+
+
+def test_qwen3_xml_render_is_what_qwen3_5s_template_writes():
+    template = trl_chat_template("qwen3_5_think.jinja")
+    message = Message("assistant", "I will look.", tool_calls=[
+        ToolCall("act", {"action": "say \"hi\"\n東京", "n": 2, "x": 1.5, "ok": False, "o": {"a": [1, None]}, "l": [1]}),
+        ToolCall("act", {})])
+    think = "\n</think>\n\n"  # the template's think block for the turn after the last user message
+    assert template_text(template, message) == think + qwen3_xml.render(message) + "<|im_end|>\n"
+    assert template_text(template, calls(("act", {"n": 2}))) == think + qwen3_xml.render(calls(("act", {"n": 2}))) \
+        + "<|im_end|>\n"
+    assert qwen3_xml_typed.parse(qwen3_xml.render(message)) == message
+    thought = qwen3_xml.render(calls(("act", {})), thought="I look.")
+    assert qwen3_xml.parse(thought) == Message("assistant", "I look.", tool_calls=[ToolCall("act", {})])
+
+
+def test_qwen3_xml_reads_qwen3_6s_json_scalars():
+    """Qwen3.6's template writes every non-string value as JSON (`true`, `null`): read alike, a null included."""
+    template = trl_chat_template("qwen3_6.jinja")
+    message = calls(("act", {"ok": True, "l": None, "n": 3, "action": "look"}))
+    written = template_text(template, message)
+    assert "<parameter=ok>\ntrue\n" in written and "<parameter=l>\nnull\n" in written
+    calls_written = written[written.index("<tool_call>") :].removesuffix("<|im_end|>\n")
+    assert qwen3_xml_typed.parse(calls_written) == message
+
+
+def test_qwen3_xml_system_prompt_is_the_templates_tool_section():
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    text, _ = render_jinja_template(conversations=[[{"role": "user", "content": "Go."}]], tools=[ACT, ACT],
+                                    chat_template=trl_chat_template("qwen3_5_think.jinja"))
+    assert "<|im_start|>system\n" + qwen3_xml.system_prompt([ACT, ACT]) + "<|im_end|>" in text[0]
+    assert qwen3_xml.system_prompt().startswith("If you choose to call a function")

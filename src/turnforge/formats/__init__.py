@@ -10,6 +10,7 @@ Registered formats (`list_formats()`), each described in its own module:
     get_format("tool_call:glm4")   GLM-4.5/4.6 `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>`
     get_format("tool_call:lfm2")   LiquidAI LFM2's `<|tool_call_start|>[f(a=1)]<|tool_call_end|>`
     get_format("tool_call:phi4_mini") Phi-4-mini's `functools[{"name": ..., "arguments": {...}}]`
+    get_format("tool_call:qwen3_xml") Qwen3.5 / Qwen3-Coder `<tool_call><function=f><parameter=k>v</parameter>...`
     get_format("bfcl_python") BFCL's prompting format: `[func(a=1), g(b='x')]`
 
 `chat_template.py` is the step after a format: a conversation of Messages rendered to the model's token ids by the
@@ -29,6 +30,7 @@ from turnforge.formats.tool_call_glm4 import Glm4ToolCallFormat
 from turnforge.formats.tool_call_lfm2 import Lfm2ToolCallFormat
 from turnforge.formats.tool_call_llama3 import Llama3ToolCallFormat
 from turnforge.formats.tool_call_phi4_mini import Phi4MiniToolCallFormat
+from turnforge.formats.tool_call_qwen3_xml import Qwen3XmlToolCallFormat
 
 _FORMATS: dict[str, Callable[[], Format]] = {
     "act_line": ActLineFormat,
@@ -40,6 +42,7 @@ _FORMATS: dict[str, Callable[[], Format]] = {
     "tool_call:lfm2": Lfm2ToolCallFormat,
     "tool_call:llama3": Llama3ToolCallFormat,
     "tool_call:phi4_mini": Phi4MiniToolCallFormat,
+    "tool_call:qwen3_xml": Qwen3XmlToolCallFormat,
 }
 
 
@@ -65,6 +68,7 @@ __all__ = [
     "Lfm2ToolCallFormat",
     "Llama3ToolCallFormat",
     "Phi4MiniToolCallFormat",
+    "Qwen3XmlToolCallFormat",
     "ReactFormat",
     "ToolCallFormat",
     "get_format",
