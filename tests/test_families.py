@@ -31,7 +31,7 @@ from turnforge.tiny_model import build_tiny_model
 from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import StopReason
 
-TOOL_FAMILIES = ["qwen3_thinking", "llama3", "lfm2"]
+TOOL_FAMILIES = ["qwen3_thinking", "qwen3_5", "llama3", "lfm2"]
 FAMILIES = [*TOOL_FAMILIES, "gemma3"]
 """The families beside the quickstart's qwen3 (tested everywhere else) that have a tiny model; Gemma 3's template
 renders no tools, so it plays text formats only."""
@@ -53,6 +53,7 @@ def family_model_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("template, family", [
     ("qwen3_instruct_2507.jinja", "qwen3"), ("qwen2_5.jinja", "qwen3"), ("qwen3.jinja", "qwen3_thinking"),
+    ("qwen3_5_think.jinja", "qwen3_5"), ("qwen3_5_nothink.jinja", "qwen3_5"), ("qwen3_6.jinja", "qwen3_5"),
     ("qwen3_training.jinja", "qwen3_thinking"), ("llama3_2.jinja", "llama3"), ("llama3_1.jinja", "llama3"),
     ("lfm2.jinja", "lfm2"), ("gemma3.jinja", "gemma3"), ("phi3_5.jinja", None), ("gemma4.jinja", None),
 ])
@@ -201,6 +202,19 @@ def test_a_family_whose_template_renders_no_tools_is_refused_for_a_tool_env_in_o
         renderer.prompt_ids(messages, env.tools())
 
 
+@pytest.mark.parametrize(("template", "opened"), [("qwen3_5_think", True), ("qwen3_5_nothink", False), ("qwen3", None)])
+def test_the_reasoning_starts_where_the_generation_prompt_leaves_it(family_model_dir, template, opened):
+    """Qwen3.5 think opens `<think>` in the prompt (the reply starts inside it), no-think closes an empty block (the reply
+    has none), Qwen3's leaves it to the reply; each renders with its own TRL training variant."""
+    tokenizer = AutoTokenizer.from_pretrained(family_model_dir("qwen3_5"))
+    tokenizer.chat_template = trl_chat_template(f"{template}.jinja")
+    renderer = ChatTemplateRenderer(tokenizer)
+    assert template_name(tokenizer, renderer.template) == f"chat template trl/chat_templates/{template}_training.jinja"
+    assert renderer.family.prompt_reasoning is opened
+    reply = "plan\n</think>\n\nACTION: look" if opened else "<think>\nplan\n</think>\n\nACTION: look"
+    assert visible_reply(renderer.family, "ACTION: look" if opened is False else reply).strip() == "ACTION: look"
+
+
 # ---- every family end to end ------------------------------------------------------------------------------------
 
 RECIPE = """\
@@ -251,7 +265,7 @@ env = {{ max_steps = 2 }}
 """
 
 CALL_TEXT = {"qwen3_thinking": '<tool_call>\n{"name": "act"', "llama3": '{"name": "act", "parameters": {',
-             "lfm2": "<|tool_call_start|>[act("}
+             "lfm2": "<|tool_call_start|>[act(", "qwen3_5": "<tool_call>\n<function=act>\n<parameter=action>\n"}
 
 
 def _changed(before: Path, after: Path) -> list[str]:
