@@ -1,6 +1,6 @@
 """The per-family tool-call formats (`tool_call:llama3`, ...): hand-written replies and what they parse to, the round
 trip, equality with the family's chat template where it renders tool calls, strict vs lenient, and `parse` never
-raising. Agreement with vLLM's parsers on generated replies is tests/test_tool_call_families_vllm.py."""
+raising. Agreement with vLLM's parsers on generated replies is tests/test_vllm_tool_call_families.py."""
 
 from __future__ import annotations
 

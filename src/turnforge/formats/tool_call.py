@@ -142,7 +142,21 @@ def _tool_call(body: str, index: int, fixes: list[str]) -> ToolCall | str:
     return ToolCall(name=name, arguments=args)
 
 
-class ToolCallFormat(ToolActions):
+class LenientParsing:
+    """`parse` and `parse_strict` of a tool-call format from its own `parse_lenient` (every family's format has one)."""
+
+    def parse(self, text: str) -> Message | FormatError:
+        return self.parse_lenient(text).result
+
+    def parse_strict(self, text: str) -> Message | FormatError:
+        """Like `parse`, but a reply that needed any lenient fix is a FormatError naming the fixes."""
+        parsed = self.parse_lenient(text)
+        if parsed.fixes and not isinstance(parsed.result, FormatError):
+            return FormatError(reason="not strictly valid: " + "; ".join(parsed.fixes), text=text)
+        return parsed.result
+
+
+class ToolCallFormat(LenientParsing, ToolActions):
     """Free text, then one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks."""
 
     name = "tool_call"
@@ -158,16 +172,6 @@ class ToolCallFormat(ToolActions):
             return _CALL_INSTRUCTIONS
         listed = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
         return f"{_TOOLS_HEADER}{listed}\n</tools>\n\n{_CALL_INSTRUCTIONS}"
-
-    def parse(self, text: str) -> Message | FormatError:
-        return self.parse_lenient(text).result
-
-    def parse_strict(self, text: str) -> Message | FormatError:
-        """Like `parse`, but a reply that needed any lenient fix is a FormatError naming the fixes."""
-        parsed = self.parse_lenient(text)
-        if parsed.fixes and not isinstance(parsed.result, FormatError):
-            return FormatError(reason="not strictly valid: " + "; ".join(parsed.fixes), text=text)
-        return parsed.result
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         fixes: list[str] = []

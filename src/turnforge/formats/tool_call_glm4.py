@@ -34,12 +34,11 @@ hermes parsers refuse a cut-off call. `parse_lenient` lists the fixes a reply ne
 from __future__ import annotations
 
 import json
-import math
 import re
-from typing import Any
 
 from turnforge.formats.base import FormatError, ToolActions
-from turnforge.formats.tool_call import ToolCallParse
+from turnforge.formats.schema_values import tool_properties, typed_value
+from turnforge.formats.tool_call import LenientParsing, ToolCallParse
 from turnforge.types import Message, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -57,93 +56,11 @@ _CALL_INSTRUCTIONS = (
     "<arg_key>{arg-key-2}</arg_key>\n<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>"
 )
 
-# vLLM's type aliases and order of trying types (vllm/tool_parsers/utils.py, coerce_to_schema_type).
-_ALIASES = {"str": "string", "text": "string", "varchar": "string", "char": "string", "enum": "string",
-            "int": "integer", "int32": "integer", "int64": "integer", "uint": "integer", "uint32": "integer",
-            "uint64": "integer", "long": "integer", "short": "integer", "unsigned": "integer", "float": "number",
-            "float32": "number", "float64": "number", "double": "number", "bool": "boolean", "dict": "object",
-            "arr": "array", "list": "array", "sequence": "array"}
-_ORDER = ["null", "integer", "number", "boolean", "object", "array", "string"]
-_ENUM_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
-               (dict, "object"))
-
-
-def _schema_types(schema: Any) -> set[str]:
-    """The JSON types a property's schema allows ("type", "enum" values, anyOf/oneOf/allOf); {"string"} if none."""
-    if not isinstance(schema, dict):
-        return {"string"}
-    types: set[str] = set()
-    declared = schema.get("type")
-    types.update([declared] if isinstance(declared, str) else [t for t in declared or [] if isinstance(t, str)]
-                 if isinstance(declared, list) else [])
-    for value in schema.get("enum") or [] if isinstance(schema.get("enum"), list) else []:
-        types.add("null" if value is None else next(name for kind, name in _ENUM_TYPES if isinstance(value, kind)))
-    for choice in ("anyOf", "oneOf", "allOf"):
-        if isinstance(schema.get(choice), list):
-            for option in schema[choice]:
-                types |= _schema_types(option)
-    return types or {"string"}
-
-
-def _finite(value: Any) -> bool:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
-def _typed(value: str, schema: Any) -> Any:
-    """A raw `<arg_value>` read as its property's type, as vLLM's `coerce_to_schema_type` reads it."""
-    types = {_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in _schema_types(schema)}
-    for kind in _ORDER:
-        if kind not in types:
-            continue
-        if kind == "null" and value.lower() == "null":
-            return None
-        if kind == "string":
-            return value
-        if kind == "integer":
-            try:
-                return int(value)
-            except ValueError:
-                continue
-        if kind == "number":
-            try:
-                number = float(value)
-            except ValueError:
-                continue
-            if math.isfinite(number):
-                return number if number != int(number) else int(number)
-        if kind == "boolean" and value.lower().strip() in ("true", "1", "false", "0"):
-            return value.lower().strip() in ("true", "1")
-        if kind in ("object", "array"):
-            try:
-                parsed = json.loads(value)
-            except (ValueError, RecursionError):
-                continue
-            if _finite(parsed):
-                return parsed
-    try:
-        parsed = json.loads(value)
-    except (ValueError, RecursionError):
-        return value
-    return parsed if _finite(parsed) else value
-
-
-def _properties(tools: list[dict] | None, name: str) -> dict[str, Any]:
-    for tool in tools or []:
-        function = tool.get("function", tool)
-        if function.get("name") == name:
-            return (function.get("parameters") or {}).get("properties", {}) or {}
-    return {}
-
-
 def _tool_names(tools: list[dict] | None) -> set[str]:
     return {tool.get("function", tool).get("name") for tool in tools or []}
 
 
-class Glm4ToolCallFormat(ToolActions):
+class Glm4ToolCallFormat(LenientParsing, ToolActions):
     """Free text, then `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>` blocks."""
 
     name = "tool_call:glm4"
@@ -163,16 +80,6 @@ class Glm4ToolCallFormat(ToolActions):
             return _CALL_INSTRUCTIONS
         listed = "".join(json.dumps(tool, ensure_ascii=False) + "\n" for tool in tools)
         return f"{_TOOLS_HEADER}{listed}</tools>\n\n{_CALL_INSTRUCTIONS}"
-
-    def parse(self, text: str) -> Message | FormatError:
-        return self.parse_lenient(text).result
-
-    def parse_strict(self, text: str) -> Message | FormatError:
-        """Like `parse`, but a reply that needed any lenient fix is a FormatError naming the fixes."""
-        parsed = self.parse_lenient(text)
-        if parsed.fixes and not isinstance(parsed.result, FormatError):
-            return FormatError(reason="not strictly valid: " + "; ".join(parsed.fixes), text=text)
-        return parsed.result
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         blocks = list(_BLOCK.finditer(text))
@@ -205,12 +112,12 @@ class Glm4ToolCallFormat(ToolActions):
         name = body.split("<arg_key>", 1)[0].strip()
         if not name:
             return f"{where} has no function name after {OPEN}"
-        properties = _properties(self.tools, name)
+        properties = tool_properties(self.tools, name)
         arguments = {}
         for match in _ARG.finditer(body):
             key, value = match.group("key").strip(), match.group("value")
             schema = properties.get(key)
-            arguments[key] = _typed(value, schema) if isinstance(schema, dict) else value
+            arguments[key] = typed_value(value, schema) if isinstance(schema, dict) else value
         if _ARG.sub("", body[body.find("<arg_key>") :] if "<arg_key>" in body else "").strip():
             fixes.append(f"text between the arguments of {where}")
         return ToolCall(name=name, arguments=arguments)

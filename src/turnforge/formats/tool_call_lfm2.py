@@ -31,7 +31,7 @@ import re
 from typing import Any
 
 from turnforge.formats.base import FormatError, ToolActions
-from turnforge.formats.tool_call import ToolCallParse
+from turnforge.formats.tool_call import LenientParsing, ToolCallParse
 from turnforge.types import Message, ToolCall
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
@@ -212,7 +212,7 @@ def _literal(value: Any) -> str:
     raise ValueError(f"cannot write {type(value).__name__} as an argument value")
 
 
-class Lfm2ToolCallFormat(ToolActions):
+class Lfm2ToolCallFormat(LenientParsing, ToolActions):
     """Free text, then `<|tool_call_start|>[f(a=1), g(b="x")]<|tool_call_end|>`, then free text."""
 
     name = "tool_call:lfm2"
@@ -224,16 +224,6 @@ class Lfm2ToolCallFormat(ToolActions):
             return _INSTRUCTIONS
         listed = ", ".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
         return f"List of tools: {TOOL_LIST_START}[{listed}]{TOOL_LIST_END}"
-
-    def parse(self, text: str) -> Message | FormatError:
-        return self.parse_lenient(text).result
-
-    def parse_strict(self, text: str) -> Message | FormatError:
-        """Like `parse`, but a reply that needed any lenient fix is a FormatError naming the fixes."""
-        parsed = self.parse_lenient(text)
-        if parsed.fixes and not isinstance(parsed.result, FormatError):
-            return FormatError(reason="not strictly valid: " + "; ".join(parsed.fixes), text=text)
-        return parsed.result
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         start = text.find(START)

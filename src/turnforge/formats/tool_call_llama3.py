@@ -29,7 +29,7 @@ import json
 from typing import Any
 
 from turnforge.formats.base import FormatError, ToolActions
-from turnforge.formats.tool_call import ToolCallParse
+from turnforge.formats.tool_call import LenientParsing, ToolCallParse
 from turnforge.types import Message, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
@@ -99,7 +99,7 @@ def _stray_text_fixes(text: str, objects: list[tuple[int, int, Any]]) -> list[st
     return fixes
 
 
-class Llama3ToolCallFormat(ToolActions):
+class Llama3ToolCallFormat(LenientParsing, ToolActions):
     """Llama 3.x: one `{"name": ..., "parameters": {...}}` JSON object per call, several joined by "; "."""
 
     name = "tool_call:llama3"
@@ -111,16 +111,6 @@ class Llama3ToolCallFormat(ToolActions):
         template lists them (`tojson(indent=4)`) when given."""
         listed = "".join(json.dumps(tool, ensure_ascii=False, indent=4) + "\n\n" for tool in tools or [])
         return _CALL_INSTRUCTIONS + listed
-
-    def parse(self, text: str) -> Message | FormatError:
-        return self.parse_lenient(text).result
-
-    def parse_strict(self, text: str) -> Message | FormatError:
-        """Like `parse`, but a reply that needed any lenient fix is a FormatError naming the fixes."""
-        parsed = self.parse_lenient(text)
-        if parsed.fixes and not isinstance(parsed.result, FormatError):
-            return FormatError(reason="not strictly valid: " + "; ".join(parsed.fixes), text=text)
-        return parsed.result
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         objects = _objects(text)

@@ -24,7 +24,7 @@ import json
 from typing import Any
 
 from turnforge.formats.base import FormatError, ToolActions
-from turnforge.formats.tool_call import ToolCallParse
+from turnforge.formats.tool_call import LenientParsing, ToolCallParse
 from turnforge.types import Message, ToolCall
 
 BOT = "functools"
@@ -54,7 +54,7 @@ def _tool_call(value: Any, index: int, fixes: list[str]) -> ToolCall | str:
     return ToolCall(name=value["name"], arguments=args)
 
 
-class Phi4MiniToolCallFormat(ToolActions):
+class Phi4MiniToolCallFormat(LenientParsing, ToolActions):
     """`functools[{"name": ..., "arguments": {...}}, ...]`, the calls alone."""
 
     name = "tool_call:phi4_mini"
@@ -66,16 +66,6 @@ class Phi4MiniToolCallFormat(ToolActions):
         if tools is None:
             return _INSTRUCTIONS
         return f"{_INSTRUCTIONS}\n{TOOL_OPEN}{json.dumps(tools, ensure_ascii=False)}{TOOL_CLOSE}"
-
-    def parse(self, text: str) -> Message | FormatError:
-        return self.parse_lenient(text).result
-
-    def parse_strict(self, text: str) -> Message | FormatError:
-        """Like `parse`, but a reply that needed any lenient fix is a FormatError naming the fixes."""
-        parsed = self.parse_lenient(text)
-        if parsed.fixes and not isinstance(parsed.result, FormatError):
-            return FormatError(reason="not strictly valid: " + "; ".join(parsed.fixes), text=text)
-        return parsed.result
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         start = text.find(self.call_marker)

@@ -50,8 +50,8 @@ from enum import Enum
 from typing import Any
 
 from turnforge.formats.base import FormatError, ToolActions
-from turnforge.formats.tool_call import ToolCallParse
-from turnforge.formats.tool_call_glm4 import _properties, _typed
+from turnforge.formats.schema_values import tool_properties, typed_value
+from turnforge.formats.tool_call import LenientParsing, ToolCallParse
 from turnforge.types import Message, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -186,7 +186,7 @@ def _written(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
 
 
-class Qwen3XmlToolCallFormat(ToolActions):
+class Qwen3XmlToolCallFormat(LenientParsing, ToolActions):
     """Free text, then `<tool_call><function=name><parameter=k>v</parameter></function></tool_call>` blocks."""
 
     name = "tool_call:qwen3_xml"
@@ -206,16 +206,6 @@ class Qwen3XmlToolCallFormat(ToolActions):
             return _CALL_INSTRUCTIONS
         listed = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
         return f"{_TOOLS_HEADER}{listed}\n</tools>\n\n{_CALL_INSTRUCTIONS}"
-
-    def parse(self, text: str) -> Message | FormatError:
-        return self.parse_lenient(text).result
-
-    def parse_strict(self, text: str) -> Message | FormatError:
-        """Like `parse`, but a reply that needed any lenient fix is a FormatError naming the fixes."""
-        parsed = self.parse_lenient(text)
-        if parsed.fixes and not isinstance(parsed.result, FormatError):
-            return FormatError(reason="not strictly valid: " + "; ".join(parsed.fixes), text=text)
-        return parsed.result
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         found = _scan(text)
@@ -250,11 +240,11 @@ class Qwen3XmlToolCallFormat(ToolActions):
             return f"{where} has no function name after {FUNCTION}"
         if call.stray.strip():
             fixes.append(f"text inside {OPEN} outside the function of {where}")
-        properties = _properties(self.tools, name)
+        properties = tool_properties(self.tools, name)
         arguments = {}
         for key, value in _parameters(call.body, fixes, where).items():
             schema = properties.get(key)
-            arguments[key] = _typed(value, schema) if isinstance(schema, dict) else value
+            arguments[key] = typed_value(value, schema) if isinstance(schema, dict) else value
         return ToolCall(name=name, arguments=arguments)
 
     def render(self, message: Message, *, thought: str | None = None) -> str:

@@ -1,7 +1,7 @@
 """turnforge's tool-call formats read what vLLM's parser for each family reads: benchmarks/tool_call_parsers.py's 200
 seeded replies per family, and hand-written edge replies, through both parsers.
 
-    .venv-vllm/bin/python -m pytest -m vllm tests/test_tool_call_families_vllm.py -q
+    .venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_tool_call_families.py -q
 """
 
 from __future__ import annotations
