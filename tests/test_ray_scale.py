@@ -150,3 +150,16 @@ def test_hf_replicas_on_ray_workers(local_ray, tiny_model_dir: Path, tmp_path: P
     assert all(e["prompt_ids"] and e["tokens_generated"] > 0 for e in ray_episodes.values())  # token-exact replicas
     # Same model, same settings; not compared token for token: batches of other sizes round differently.
     assert {e["model"] for e in ray_episodes.values()} == {e["model"] for e in _episodes(tmp_path / "here").values()}
+
+
+def test_ray_workers_play_tool_calls_in_the_models_family_format(local_ray, tmp_path: Path):
+    """`--ray` with a Llama 3 model and `format=tool_call`: this process loads no model, yet the workers' envs read
+    the family's format (before, each worker refused the episode in one line: the env read Qwen3's)."""
+    from turnforge.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny-llama3", family="llama3")
+    summary = run_eval(env="household", env_options={"format": "tool_call"}, policy_spec="hf", split="test", n_tasks=2,
+                       samples=1, seed=0, model=str(model), out_dir=tmp_path / "ray", policy_options={"device": "cpu"},
+                       limits=RolloutLimits(max_turns=2), scale=ScaleConfig(ray="auto", workers=1))
+    assert summary["n_episodes"] == 2 and summary["stop_reasons"].get("env_error", 0) == 0
+    assert summary["env_options"]["format"] == "tool_call:llama3"

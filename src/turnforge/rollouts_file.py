@@ -24,10 +24,10 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from turnforge.envs.base import get_env_spec, load_tasks, make_env, with_family_format
+from turnforge.envs.base import get_env_spec, load_tasks, make_env, plays_tool_call, with_family_format
 from turnforge.eval.metrics import summarize, tool_call_quality
 from turnforge.formats import get_format
-from turnforge.formats.families import is_tiny
+from turnforge.formats.families import is_tiny, model_family
 from turnforge.launch import on_main_process
 from turnforge.policies import MODEL_BACKENDS, PolicySpec, make_policy
 from turnforge.policies.base import BackendError, Policy, SamplingParams, require_backend
@@ -132,6 +132,8 @@ def run_eval(
         policy_spec, model=model, seed=seed, **policy_options)
     if policy is not None and policy.renderer is not None:  # tool calls in the model's own format (a no-op when given)
         options = with_family_format(env, options, policy.renderer.family)
+    elif policy is None and model is not None and plays_tool_call(env, options):  # Ray's workers load the model
+        options = with_family_format(env, options, model_family(model))
     roles = {} if on_ray else env_roles(env, options, params, seed, policy_spec, policy_options)
     tasks = _select_tasks(env, split, options, n_tasks, policy)
     if task_ids is not None:

@@ -196,8 +196,7 @@ def check_tool_format(family: Family | None, format_name: str) -> None:
         return
     if format_name != family.tool_format:
         raise ValueError(f"the model's chat template is {family.name}'s, which writes tool calls as {family.tool_format}, "
-                         f"but the env reads {format_name}: set the env's format to {family.tool_format} "
-                         "(or to tool_call, which turnforge reads as the model's own)")
+                         f"but the env reads {format_name}: set the env's format to {family.tool_format}")
 
 
 def visible_reply(family: Family | None, text: str) -> str:
