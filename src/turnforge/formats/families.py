@@ -10,8 +10,9 @@ their reasoning), TRL's prefix-preserving training variant of it, which the toke
     get_family("qwen3_thinking").reasoning          # ("<think>", "</think>")
 
 The family is read from the template itself (markers only that family's template writes), so a fine-tuned model keeps
-its base model's family; a recipe can name it (`[model] family = "llama3"`). `tiny:FAMILY` builds an offline tiny
-model with the family's template and special tokens (`turnforge.tiny_model`).
+its base model's family; a recipe names a family's tool format itself where the template is of no known family
+(`format = "tool_call:llama3"`). `tiny:FAMILY` builds an offline tiny model with the family's template and special
+tokens (`turnforge.tiny_model`).
 """
 
 from __future__ import annotations
@@ -145,9 +146,10 @@ FAMILIES: dict[str, Family] = {
         ),
     )
 }
-"""The families a model is read as, most specific first (qwen3_thinking's markers include qwen3's)."""
+"""The families a model is read as (`tiny:NAME` builds one of each)."""
 
 _DETECT_ORDER = ("qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
+"""The order templates are matched in, most specific first (qwen3_5's and qwen3_thinking's markers include qwen3's)."""
 
 
 def list_families() -> list[str]:
