@@ -129,15 +129,14 @@ class ChatTemplateRenderer:
 
     `window`: None renders the whole history (one growing id sequence per episode); N keeps the system
     prompt, the first observation and the last N turns, re-rendered at every turn. `family`: the model's family
-    (`formats/families.py`), read from its template unless given; `template`: the template it renders with (the
-    tokenizer's own, or its family's TRL training variant where the own one is not prefix-preserving).
+    (`formats/families.py`), read from its template; `template`: the template it renders with (None: the
+    tokenizer's own; else TRL's training variant where the own one is not prefix-preserving).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, window: int | None = None, memo: bool = False,
-                 family: Family | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, window: int | None = None, memo: bool = False):
         if window is not None and window < 1:
             raise ValueError(f"window must be at least 1 assistant turn (or None for the whole history), got {window}")
-        family = family or detect_family(tokenizer.chat_template)
+        family = detect_family(tokenizer.chat_template)
         self.template = prefix_preserving_template(tokenizer, family)
         self.family = reading_family(tokenizer, family, self.template)
         self.tokenizer = tokenizer
