@@ -26,9 +26,9 @@ from turnforge.policies import make_policy
 from turnforge.policies.base import SamplingParams
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.types import Trajectory
-from vllm_engines import assert_same_episodes, needs_vllm
+from vllm_engines import assert_same_episodes, needs_vllm_engine
 
-pytestmark = [pytest.mark.vllm, needs_vllm]
+pytestmark = [pytest.mark.vllm, needs_vllm_engine]
 
 TAU2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2"
 needs_tau2 = pytest.mark.skipif(not (TAU2 / "retail" / "db.json").is_file(), reason="../shared/data/tau2 absent")

@@ -26,9 +26,9 @@ from turnforge.policies.teacher import VLLMTeacher, token_logprobs
 from turnforge.train.grpo import EpisodeRollouts, train_on_episodes
 from turnforge.train.grpo_trainer import EpisodeGRPOTrainer
 from turnforge.train.settings import ROLLOUTS_FILE, GRPOSettings
-from vllm_engines import colocate_memory_share, needs_vllm
+from vllm_engines import colocate_memory_share, needs_vllm_engine
 
-pytestmark = [pytest.mark.vllm, needs_vllm]
+pytestmark = [pytest.mark.vllm, needs_vllm_engine]
 
 ENV_OPTIONS = {"format": "act_line", "max_steps": 3}
 BF16_TOL = 0.05

@@ -58,3 +58,17 @@ def test_a_missing_vllm_is_said_in_one_line_before_the_tiny_model_is_built(tmp_p
     assert result.exit_code == 2, result.output
     assert [line for line in result.output.splitlines() if line.strip()] == [f"error: {VLLM_INSTALL}"]
     assert not (out / "models").exists()
+
+
+@pytest.mark.vllm
+def test_vllms_cpu_build_from_a_path_with_a_space_is_one_line(monkeypatch):
+    """vLLM LD_PRELOADs torch's libgomp from the environment's path (a space-separated list) and torch's C++ compile
+    splits it: every engine died at start under "/tmp/ci6/a dir/main". Now the start is refused in one line."""
+    import sys
+
+    pytest.importorskip("vllm")
+    from turnforge.policies.vllm import import_vllm
+
+    monkeypatch.setattr(sys, "prefix", "/tmp/a dir/main/.venv-vllm")
+    with pytest.raises(ValueError, match=r"cannot run from '/tmp/a dir/main/.venv-vllm': the path has a space"):
+        import_vllm()

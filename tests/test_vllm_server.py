@@ -33,9 +33,9 @@ from turnforge.policies.base import SamplingParams
 from turnforge.rollout import RolloutLimits, run_episodes
 from turnforge.rollouts_file import run_eval
 from turnforge.types import Trajectory
-from vllm_engines import COLOCATE_MEMORY_SHARE, TEST_ENGINE, assert_same_episodes, needs_vllm
+from vllm_engines import COLOCATE_MEMORY_SHARE, TEST_ENGINE, assert_same_episodes, needs_vllm_engine
 
-pytestmark = [pytest.mark.vllm, needs_vllm]
+pytestmark = [pytest.mark.vllm, needs_vllm_engine]
 
 LOGPROB_TOL = 2e-4
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)

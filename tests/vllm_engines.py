@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -17,6 +18,11 @@ from turnforge.types import Trajectory
 VLLM_ABSENT = ("vLLM is not installed in this environment: the vLLM tests run in .venv-vllm "
                "(make install-vllm; make test runs them there)")
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=VLLM_ABSENT)
+needs_vllm_engine = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or " " in sys.prefix,
+    reason=VLLM_ABSENT if importlib.util.find_spec("vllm") is None else (
+        "vLLM's CPU engine cannot start from a path with a space (turnforge.policies.vllm.CPU_PATH_WITH_SPACE): "
+        "clone under a path without spaces to run the engine tests"))
 
 TEST_ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 256 * 2**20}
 """The tiny model as the hf policy runs it on a CPU (float32), without torch.compile (it doubles the ~1 min an

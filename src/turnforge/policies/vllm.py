@@ -27,6 +27,7 @@ vLLM runs its engine in spawned processes: a script that builds one needs an `if
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Any
 
 from turnforge.formats.chat_template import ChatTemplateRenderer
@@ -48,12 +49,21 @@ tiny model and ~14k of Qwen3-4B in bfloat16."""
 
 
 def import_vllm():
-    """The vllm module, or an ImportError that says how to install it."""
+    """The vllm module, or an ImportError that says how to install it; a ValueError where its CPU build cannot start."""
     try:
         import vllm
     except ImportError as e:
         raise BackendNotInstalled(f"{VLLM_INSTALL} ({e})") from None
+    if " " in sys.prefix and vllm.platforms.current_platform.is_cpu():
+        raise ValueError(CPU_PATH_WITH_SPACE.format(prefix=sys.prefix))
     return vllm
+
+
+CPU_PATH_WITH_SPACE = (
+    "vLLM's CPU build cannot run from {prefix!r}: the path has a space, and vLLM LD_PRELOADs torch's libgomp from it "
+    "(a space-separated list) while torch's compiler splits it in its include paths (measured: every engine died on "
+    "start); clone turnforge, or make its .venv-vllm, under a path without spaces")
+"""The one line a vLLM engine start gets instead of a C++ compile error in every worker."""
 
 
 class VLLMPolicy:
