@@ -15,10 +15,10 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from turnforge.envs.base import load_tasks, make_env
 from turnforge.envs.household.scene import entity_names
 from turnforge.formats.chat_template import trl_chat_template
+from turnforge.formats.families import QWEN3_TOKENS
 from turnforge.models import load_model
 from turnforge.recipes import load_recipe
 from turnforge.stages.context import RunContext
-from turnforge.formats.families import QWEN3_TOKENS
 from turnforge.tiny_model import HOUSEHOLD, SIZES, build_tiny_model, resolve_model, tiny_config
 
 
