@@ -73,10 +73,6 @@ class Family:
     """(open, close) tags around the reasoning a reply starts with; None: the family does not reason in text."""
     training_template: str | None = None
     """TRL's prefix-preserving variant, used by the token-exact renderer where the family's own template is not."""
-    hub_id: str = ""
-    """A 3-8B model of the family on the Hugging Face Hub: what the README trains on a GPU."""
-    vllm_tool_parser: str = ""
-    """`vllm serve --tool-call-parser` for the family: the reference its tool-call format is held against."""
     prompt_reasoning: bool | None = None
     """Where a template's generation prompt leaves the reasoning: True, opened (Qwen3.5 think writes `<think>\n`, the
     reply starts inside it); False, closed (a no-think prompt writes an empty block: the reply has none); None, not
@@ -119,30 +115,29 @@ FAMILIES: dict[str, Family] = {
     for family in (
         Family(
             "qwen3", "qwen3_instruct_2507.jinja", ("<|im_start|>", "<tool_call>"), "tool_call", QWEN3_TOKENS,
-            "<|im_end|>", "<|endoftext|>", hub_id="Qwen/Qwen3-4B-Instruct-2507", vllm_tool_parser="hermes",
+            "<|im_end|>", "<|endoftext|>",
         ),
         Family(
             "qwen3_thinking", "qwen3.jinja", ("<|im_start|>", "<tool_call>", "<think>"), "tool_call", QWEN3_TOKENS,
             "<|im_end|>", "<|endoftext|>", reasoning=("<think>", "</think>"),
-            training_template="qwen3_training.jinja", hub_id="Qwen/Qwen3-4B-Thinking-2507", vllm_tool_parser="hermes",
+            training_template="qwen3_training.jinja",
         ),
         Family(
             "qwen3_5", "qwen3_5_think.jinja", ("<|im_start|>", "<tool_call>", "<function="), "tool_call:qwen3_xml",
             QWEN3_TOKENS, "<|im_end|>", "<|endoftext|>", reasoning=("<think>", "</think>"),
-            training_template="qwen3_5_think_training.jinja", hub_id="Qwen/Qwen3.5-4B", vllm_tool_parser="qwen3_xml",
+            training_template="qwen3_5_think_training.jinja",
         ),
         Family(
             "llama3", "llama3_2.jinja", ("<|start_header_id|>", "<|eot_id|>"), "tool_call:llama3", LLAMA3_TOKENS,
             "<|eot_id|>", "<|finetune_right_pad_id|>", bos="<|begin_of_text|>",
-            hub_id="meta-llama/Llama-3.2-3B-Instruct", vllm_tool_parser="llama3_json",
         ),
         Family(
             "gemma3", "gemma3.jinja", ("<start_of_turn>", "<end_of_turn>"), None, GEMMA3_TOKENS, "<end_of_turn>",
-            "<pad>", bos="<bos>", hub_id="google/gemma-3-4b-it",
+            "<pad>", bos="<bos>",
         ),
         Family(
             "lfm2", "lfm2.jinja", ("<|im_start|>", "<|tool_list_start|>"), "tool_call:lfm2", LFM2_TOKENS,
-            "<|im_end|>", "<|pad|>", bos="<|startoftext|>", hub_id="LiquidAI/LFM2-2.6B", vllm_tool_parser="lfm2",
+            "<|im_end|>", "<|pad|>", bos="<|startoftext|>",
         ),
     )
 }

@@ -90,3 +90,16 @@ def tool_properties(tools: list[dict] | None, name: str) -> dict[str, Any]:
         if function.get("name") == name:
             return (function.get("parameters") or {}).get("properties", {}) or {}
     return {}
+
+
+class SchemaTyped:
+    """The tools a format reads values by: given at construction, or bound by the rollout after each reset (and by
+    `turnforge serve` per request) through `formats.base.bind_tools`."""
+
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        self.tools = tools
+        """The tools' JSON schemas (OpenAI shape, as `Env.tools()` gives them): values are read by their types."""
+
+    def bind_tools(self, tools: list[dict] | None) -> None:
+        """The tools of the episode (or request) parsed next."""
+        self.tools = tools

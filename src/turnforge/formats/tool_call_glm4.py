@@ -37,7 +37,7 @@ import json
 import re
 
 from turnforge.formats.base import FormatError, ToolActions
-from turnforge.formats.schema_values import tool_properties, typed_value
+from turnforge.formats.schema_values import SchemaTyped, tool_properties, typed_value
 from turnforge.formats.tool_call import LenientParsing, ToolCallParse
 from turnforge.types import Message, ToolCall
 
@@ -60,19 +60,11 @@ def _tool_names(tools: list[dict] | None) -> set[str]:
     return {tool.get("function", tool).get("name") for tool in tools or []}
 
 
-class Glm4ToolCallFormat(LenientParsing, ToolActions):
+class Glm4ToolCallFormat(SchemaTyped, LenientParsing, ToolActions):
     """Free text, then `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>` blocks."""
 
     name = "tool_call:glm4"
     call_marker = OPEN  # text without it holds no call attempt
-
-    def __init__(self, tools: list[dict] | None = None) -> None:
-        self.tools = tools
-        """The tools' JSON schemas (OpenAI shape, as `Env.tools()` gives them): values are read by their types."""
-
-    def bind_tools(self, tools: list[dict] | None) -> None:
-        """The tools of the episode parsed next (the rollout binds them after each reset; `formats.base.bind_tools`)."""
-        self.tools = tools
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         """GLM-4.5's own tool section when `tools` are given (its template's words), else just the call format."""

@@ -50,7 +50,7 @@ from enum import Enum
 from typing import Any
 
 from turnforge.formats.base import FormatError, ToolActions
-from turnforge.formats.schema_values import tool_properties, typed_value
+from turnforge.formats.schema_values import SchemaTyped, tool_properties, typed_value
 from turnforge.formats.tool_call import LenientParsing, ToolCallParse
 from turnforge.types import Message, ToolCall
 
@@ -186,19 +186,11 @@ def _written(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
 
 
-class Qwen3XmlToolCallFormat(LenientParsing, ToolActions):
+class Qwen3XmlToolCallFormat(SchemaTyped, LenientParsing, ToolActions):
     """Free text, then `<tool_call><function=name><parameter=k>v</parameter></function></tool_call>` blocks."""
 
     name = "tool_call:qwen3_xml"
     call_marker = FUNCTION  # every call vLLM reads has it (a bare one too); text without it holds no call attempt
-
-    def __init__(self, tools: list[dict] | None = None) -> None:
-        self.tools = tools
-        """The tools' JSON schemas (OpenAI shape, as `Env.tools()` gives them): values are read by their types."""
-
-    def bind_tools(self, tools: list[dict] | None) -> None:
-        """The tools of the episode parsed next (the rollout binds them after each reset; `formats.base.bind_tools`)."""
-        self.tools = tools
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         """Qwen3.5's own tool section when `tools` are given (its template's words), else just the call format."""
