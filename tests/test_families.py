@@ -29,7 +29,7 @@ from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 from turnforge.tiny_model import build_tiny_model
 from turnforge.train.grpo_rollouts import episode_sequence
-from turnforge.types import StopReason
+from turnforge.types import Message, StopReason
 
 TOOL_FAMILIES = ["qwen3_thinking", "qwen3_5", "llama3", "lfm2"]
 FAMILIES = [*TOOL_FAMILIES, "gemma3"]
@@ -190,6 +190,15 @@ def test_a_thinking_template_renders_with_trls_training_variant_and_keeps_every_
                 {"role": "user", "content": "obs"}]
     assert "R1" in tokenizer.decode(renderer.prompt_ids(messages, None))
     assert "R1" not in tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_the_renderer_writes_the_day_it_was_made_not_the_clocks(family_model_dir):
+    """Llama 3's template writes today's date: the renderer fixes it when made, so an episode that crosses midnight
+    stays one prefix-preserving sequence."""
+    renderer = ChatTemplateRenderer(AutoTokenizer.from_pretrained(family_model_dir("llama3")))
+    renderer.date_string = "01 Jan 2000"  # as if made that day
+    prompt = renderer.tokenizer.decode(renderer.prompt_ids([Message("user", "go")], None))
+    assert "Today Date: 01 Jan 2000" in prompt
 
 
 def test_a_family_whose_template_renders_no_tools_is_refused_for_a_tool_env_in_one_line(family_model_dir):

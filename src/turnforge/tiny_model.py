@@ -91,6 +91,9 @@ take up to 10,060 (benchmarks/tiny_tokenizer.py); 4,096 until issue 40, which no
 CORPUS_TASKS = 300
 """Expert episodes per (grammar, format) variant in the tokenizer corpus."""
 CORPUS_FORMATS = ("act_line", "tool_call")
+CORPUS_DATE = "26 Jul 2024"
+"""The day Llama 3's template writes as today's in a tokenizer corpus (its own fallback), so that a tiny:llama3 built
+on any day is the same model; templates without a date ignore it."""
 
 
 TinyEnvs = Sequence[tuple[str, dict[str, Any]]]
@@ -180,6 +183,7 @@ def env_corpus(env: str, env_options: dict[str, Any], family: Family | None = No
             text, _ = render_jinja_template(
                 conversations=[[m.to_dict() for m in traj.messages]], tools=traj.tools,
                 chat_template=template, add_generation_prompt=True, bos_token=family.bos or "",
+                date_string=CORPUS_DATE,
             )
             yield text[0]
     if spec.vocabulary is not None:  # names no sampled episode showed still become whole tokens

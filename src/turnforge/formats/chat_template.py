@@ -32,6 +32,7 @@ its own token-exact (prompt, completion) pair.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import cache
@@ -79,12 +80,13 @@ def window_messages(messages: Sequence[ChatMessage], window: int | None) -> list
 
 
 def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage], tools: list[dict] | None,
-           generation_prompt: bool, template: str | None = None) -> str:
+           generation_prompt: bool, template: str | None = None, date_string: str | None = None) -> str:
     """The chat template's text for `messages` (Message objects or dicts), as `apply_chat_template` writes it (with
-    `template` instead of the tokenizer's own when given)."""
+    `template` instead of the tokenizer's own when given; `date_string`: the day a template that writes today's date
+    writes, Llama 3's, instead of the clock's)."""
     return tokenizer.apply_chat_template(
         [_as_dict(m) for m in messages], tools=tools, add_generation_prompt=generation_prompt, tokenize=False,
-        chat_template=template,
+        chat_template=template, **({"date_string": date_string} if date_string else {}),
     )
 
 
@@ -139,6 +141,9 @@ class ChatTemplateRenderer:
         family = detect_family(tokenizer.chat_template)
         self.template = prefix_preserving_template(tokenizer, family)
         self.family = reading_family(tokenizer, family, self.template)
+        self.date_string = time.strftime("%d %b %Y")
+        """The day Llama 3's template writes as today's, fixed when the renderer is made: an episode that crosses
+        midnight would otherwise stop being prefix-preserving mid-way (a template without a date ignores it)."""
         self.tokenizer = tokenizer
         self.window = window
         self.eos_text: str = tokenizer.eos_token
@@ -151,13 +156,13 @@ class ChatTemplateRenderer:
         """`render(..., generation_prompt=True)`, from the memo when these very message objects were rendered lately
         (the memo holds them, so their ids cannot be reused while they are its keys)."""
         if self._memo is None:
-            return render(self.tokenizer, messages, tools, True, self.template)
+            return render(self.tokenizer, messages, tools, True, self.template, self.date_string)
         held = (tuple(messages), tools)
         key = (tuple(map(id, messages)), id(tools))
         if key in self._memo:
             self._memo.move_to_end(key)
             return self._memo[key][1]
-        text = render(self.tokenizer, messages, tools, True, self.template)
+        text = render(self.tokenizer, messages, tools, True, self.template, self.date_string)
         self._memo[key] = (held, text)
         if len(self._memo) > 4:
             self._memo.popitem(last=False)
