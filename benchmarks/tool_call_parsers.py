@@ -15,6 +15,8 @@ each disagreeing kind.
     glm4        tool_call:glm4      Glm4MoeModelToolParser (glm45)
     phi4_mini   tool_call:phi4_mini Phi4MiniJsonToolParser (phi4_mini_json)
     qwen3_xml   tool_call:qwen3_xml Qwen3EngineToolParser (qwen3_xml, qwen3_coder)
+    gemma4      tool_call:gemma4    Gemma4EngineToolParser (gemma4)
+    granite4    tool_call:granite4  Granite4ToolParser (granite4)
 
 vLLM's parsers look their special tokens up in the tokenizer, so each family gets a minimal one: a small byte-level
 BPE trained on the family's replies, with the family's special tokens added (`tokenizers`, wrapped in
@@ -85,6 +87,9 @@ class Family:
     replies."""
     needs_tools: bool = False
     """The parser reads the request's tools (a `ChatCompletionRequest` is passed)."""
+    per_request: bool = False
+    """vLLM's parser keeps state between replies (Granite 4's stays "inside a call" after a cut-off one and reads no
+    call after it): each reply gets a fresh one, as `vllm serve` makes one per request."""
 
 
 def _tokens(pairs: tuple[tuple[str, bool], ...]) -> tuple[str, ...]:
@@ -101,6 +106,14 @@ PHI4_MINI_TOKENS = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", 
                     "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>", "<|tag|>")
 """Phi-4-mini's added tokens around tools (microsoft/Phi-4-mini-instruct tokenizer.json; its calls are plain text)."""
 
+GEMMA4_TOKENS = ("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>",
+                 "<|tool_response>", "<tool_response|>", '<|"|>', "<|channel>", "<channel|>", "<|image|>", "<|audio|>")
+"""Gemma 4's added tokens that its chat template writes (trl/chat_templates/gemma4_v5.jinja)."""
+
+GRANITE4_TOKENS = ("<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>", "<tool_call>",
+                   "</tool_call>", "<tool_response>", "</tool_response>")
+"""Granite 4.0's role tokens and the tags around its tool calls (its chat template)."""
+
 FAMILIES = {
     family.name: family
     for family in (
@@ -114,6 +127,10 @@ FAMILIES = {
                "functools["),
         Family("qwen3_xml", "tool_call:qwen3_xml", "qwen3_engine_tool_parser:Qwen3EngineToolParser",
                _tokens(QWEN3_TOKENS), "<tool_call>", needs_tools=True),
+        Family("gemma4", "tool_call:gemma4", "gemma4_engine_tool_parser:Gemma4EngineToolParser", GEMMA4_TOKENS,
+               "<|tool_call>", needs_tools=True),
+        Family("granite4", "tool_call:granite4", "granite4_tool_parser:Granite4ToolParser", GRANITE4_TOKENS,
+               "<tool_call>", per_request=True),
     )
 }
 
@@ -166,6 +183,14 @@ def vllm_parser(family: Family, texts: list[str]) -> Any:
     return parser_cls(minimal_tokenizer(family.special_tokens, texts))
 
 
+def vllm_reader(family: Family, texts: list[str]) -> Any:
+    """`text -> vllm_reads(...)` for the family: one parser for all replies, or a fresh one per reply (`per_request`)."""
+    parser, request = vllm_parser(family, texts), vllm_request(family)
+    if not family.per_request:
+        return lambda text: vllm_reads(parser, text, request)
+    return lambda text: vllm_reads(type(parser)(parser.model_tokenizer), text, request)
+
+
 def vllm_request(family: Family) -> Any:
     if not family.needs_tools:
         return None
@@ -198,12 +223,11 @@ def turnforge_format(family: Family) -> Any:
 def compare(family: Family, count: int = 200, seed: int = 0) -> list[dict]:
     """One row per reply: its kind and text, what each parser read, whether they agree, turnforge's fixes."""
     drawn = replies(family, count, seed)
-    parser = vllm_parser(family, [text for _, text in drawn])
-    request = vllm_request(family)
+    read = vllm_reader(family, [text for _, text in drawn])
     fmt = turnforge_format(family)
     rows = []
     for kind, text in drawn:
-        theirs = vllm_reads(parser, text, request)
+        theirs = read(text)
         lenient = fmt.parse_lenient(text)
         ours = turnforge_reads(lenient.result)
         rows.append({"kind": kind, "text": text, "vllm": theirs, "turnforge": ours, "agree": theirs == ours,

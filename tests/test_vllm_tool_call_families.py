@@ -18,15 +18,20 @@ pytestmark = [pytest.mark.vllm, needs_vllm]
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
-KNOWN = {"hermes": {"cut_off": 3}, "glm4": {"cut_off": 24}, "phi4_mini": {"nested": 25}, "qwen3_xml": {"cut_off": 22}}
+KNOWN = {"hermes": {"cut_off": 3}, "glm4": {"cut_off": 24}, "phi4_mini": {"nested": 25}, "qwen3_xml": {"cut_off": 22},
+         "gemma4": {"nested": 25, "cut_off": 25}}
 """Known disagreements per family and kind. hermes: replies cut inside the closing tag (`...}}\\n</tool`), whose JSON
 is whole: turnforge's lenient parse reads the call, vLLM's reads none (BENCHMARKS.md, tool-call parsers). glm4: replies
 cut inside a block once the name is written: vLLM reads the unfinished call with the arguments finished so far,
 turnforge none (tool_call_glm4's docstring). phi4_mini: arguments holding a list: vLLM ends the call list at the first
 `]` and reads none, turnforge the whole list (tool_call_phi4_mini's docstring). qwen3_xml: replies cut inside a call
 once `<function=` has a character after it: vLLM reads the unfinished call (name maybe half written) with the parameters
-closed so far, turnforge none (tool_call_qwen3_xml's docstring)."""
+closed so far, turnforge none (tool_call_qwen3_xml's docstring). gemma4: nested bare values no schema types
+(`id:5` in an `object` property without `properties`, `[true,null,1.5]` without `items`): vLLM passes the text on
+("5", "true", "null"), turnforge reads them as written; and cut-off replies: vLLM reads the unfinished call, turnforge
+none (tool_call_gemma4's docstring)."""
 
+Q, GS, GE = '<|"|>', "<|tool_call>", "<tool_call|>"  # Gemma 4's string quote and call tags
 EDGES = {
     "llama3": [
         'Use {braces} then {"name": "act", "parameters": {}}',
@@ -100,6 +105,31 @@ EDGES = {
         'functools[{"name": "a", "arguments": {"x": 1}', "functools [{}]", "no call",
     ],
 }
+EDGES["gemma4"] = [
+    f"{GS}call:act{{action:{Q}look{Q},n:2}}{GE}",
+    f"{GS}call:act{{n:{Q}7{Q},action:5,city:{Q}a,b:c{Q}}}{GE}",  # typed by the schema: "7" -> 7, 5 -> "5"
+    f"{GS}call:act{{}}{GE}{GS}call:act{{n:1}}{GE}",
+    f"Sure.{GS}call:act{{n:1}}{GE} and then {GS}call:act{{n:2}}{GE}Done.",
+    f"{GS}call:act{GE}", f"{GS}:act{{n:3}}{GE}", f"{GS}call:act(n:3){GE}",
+    f"{GS}call:act{{ n : 3 , action : {Q}x{Q} }}{GE}", f"{GS}call:act{{{Q}action{Q}:{Q}q{Q}}}{GE}",
+    f"{GS}call:act{{n:true,action:null}}{GE}", f"{GS}call:act{{n:}}{GE}",
+    f"<|channel>thought\nhmm<channel|>{GS}call:act{{n:4}}{GE}",
+    f"{GS}call:act{{text:{Q}a}}b{{c{Q}}}{GE}",  # braces inside a string
+    "no call here", "call:act{n:1}", GE,
+]
+EDGES["granite4"] = [
+    '<tool_call>\n{"name": "act", "arguments": {"n": 1}}\n</tool_call>',
+    'Hi <tool_call>{"name": "a", "arguments": {}}</tool_call> mid <tool_call>{"name": "b", "arguments": {"x": [1]}}'
+    "</tool_call> end",
+    '<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>',
+    '<tool_call>{"name": "a", "arguments": {}, "id": 3}</tool_call>',
+    '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}',  # cut off: none
+    '<tool_call><tool_call>{"name": "a", "arguments": {}}</tool_call>', "</tool_call>", "<tool_call></tool_call>",
+    "<tool_call>{'name': 'a', 'arguments': {}}</tool_call>", '<tool_call>{"name": "a"}</tool_call>',
+    '<tool_call>{"arguments": {}}</tool_call>', "<tool_call>[1]</tool_call>",
+    '<tool_call>{"name": 3, "arguments": {}}</tool_call>', '<tool_call>{"name": "a", "arguments": null}</tool_call>',
+    '<tool_call>```json\n{"name": "a", "arguments": {}}\n```</tool_call>', "no call",
+]
 KNOWN_EDGES = {
     "glm4": ["<tool_call>act\n<arg_key>action</arg_key>\n<arg_value>lo"],  # cut off: vLLM reads act({})
     "phi4_mini": ['functools[{"name": "a", "arguments": {"x": "]"}}]'],  # vLLM cuts at the first ]
@@ -108,6 +138,11 @@ KNOWN_EDGES = {
                   "<tool_call>\n<function=act>\n<parameter=n>\n3\n</function>\n</tool_call>"],  # vLLM drops n
     "lfm2": ["<|tool_call_start|>[f(1, x=2)]<|tool_call_end|>",  # vLLM drops the positional 1; turnforge refuses
              "<|tool_call_start|>[run(cmd='sed -n '1,9p' f.py')]<|tool_call_end|>"],  # vLLM's nested-quote guess
+    "gemma4": [f"{GS}call:act{{order:{{a:{{b:[1,{Q}]{Q},{{c:null}}]}}}},flags:[]}}{GE}",  # vLLM: "1", "null"
+               f"{GS}call:nosuch{{n:2}}{GE}",  # no schema: vLLM "2", turnforge 2
+               f"{GS}call:act{{n:1}}", f"{GS}call:act{{n:1}}{GE}{GS}"],  # cut off: vLLM reads act({"n": 1})
+    "granite4": ['<tool_call>{"name": "a", "arguments": [1]}</tool_call>',  # vLLM passes [1] on; turnforge refuses
+                 '<tool_call>{"name": "a", "arguments": 3}</tool_call>'],
 }
 """EDGES: replies the generator does not write, each read the same by both parsers; KNOWN_EDGES: read differently, as
 each format's docstring says."""
@@ -123,7 +158,7 @@ def bench():
     sys.path.remove(str(BENCHMARKS))
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3", "lfm2", "glm4", "phi4_mini", "qwen3_xml"])
+@pytest.mark.parametrize("family", ["hermes", "llama3", "lfm2", "glm4", "phi4_mini", "qwen3_xml", "gemma4", "granite4"])
 def test_generated_replies_read_alike(bench, family):
     rows = bench.compare(bench.FAMILIES[family], 200, 0)
     disagree = {}
@@ -137,11 +172,10 @@ def test_generated_replies_read_alike(bench, family):
 def test_edge_replies_read_alike(bench, family):
     spec = bench.FAMILIES[family]
     texts = EDGES[family]
-    parser = bench.vllm_parser(spec, texts)
+    read = bench.vllm_reader(spec, texts)
     fmt = bench.turnforge_format(spec)
     for text in texts:
-        theirs = bench.vllm_reads(parser, text, bench.vllm_request(spec))
-        assert bench.turnforge_reads(fmt.parse(text)) == theirs, text
+        assert bench.turnforge_reads(fmt.parse(text)) == read(text), text
     for text in KNOWN_EDGES.get(family, []):
-        theirs = bench.vllm_reads(parser, text, bench.vllm_request(spec))
+        theirs = read(text)
         assert bench.turnforge_reads(fmt.parse(text)) != theirs, text  # still the documented disagreement
