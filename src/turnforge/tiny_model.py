@@ -280,7 +280,7 @@ def tiny_config(size: str, vocab_size: int, eos_token_id: int | None = None, pad
 
 def tiny_model(tokenizer: Any, size: str, seed: int, family: Family | None = None) -> Any:
     """A randomly initialised `Qwen3ForCausalLM` sized for `tokenizer`, stopping at the family's end-of-turn or pad
-    (Qwen3's: `<|im_end|>` or `<|endoftext|>`)."""
+    (Qwen3's: `<|im_end|>` or `<|endoftext|>`) or any token that ends its replies (`Family.turn_ends`)."""
     import torch
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
@@ -290,5 +290,7 @@ def tiny_model(tokenizer: Any, size: str, seed: int, family: Family | None = Non
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     # As Qwen3-4B-Instruct-2507's generation_config.json: both end tokens stop generation.
-    model.generation_config = GenerationConfig(eos_token_id=[end, pad], pad_token_id=pad, bos_token_id=None)
+    # GLM-4.5's stops on every token that can end a reply (<|user|>, <|observation|>) besides its eos (= its pad).
+    stops = list(dict.fromkeys([end, pad, *tokenizer.convert_tokens_to_ids(list(family.turn_ends))]))
+    model.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=pad, bos_token_id=None)
     return model

@@ -119,7 +119,8 @@ def conversation_examples(
     `replies` are the positions of the assistant messages that carry loss (a trajectory's `reply_indices()`);
     None = every assistant message (a conversational record cannot tell an env's own turns apart). Each reply
     becomes the ids a model would generate for it (the template's rendering of its content and tool calls, then
-    the end-of-turn token); the rest is prompt and observation deltas. Messages after the last reply are left
+    the end token the template writes before what follows it: GLM's `<|observation|>` before a tool result, `<|user|>`
+    before a user message); the rest is prompt and observation deltas. Messages after the last reply are left
     out. No reply: no example.
     """
     starts = list(replies) if replies is not None else [i for i, m in enumerate(messages) if role_of(m) == "assistant"]
@@ -128,19 +129,18 @@ def conversation_examples(
     if starts[0] == 0:
         raise ValueError("a conversation must start with a system or user message before the first assistant reply")
     renderer = ChatTemplateRenderer(tokenizer, window, memo=True)  # one conversation, turn by turn: renders repeat
+    following = [messages[i + 1 : end] for i, end in zip(starts, [*starts[1:], len(messages)], strict=True)]
     if window is not None:
         prompts = _windowed_prompts(messages, tools, renderer, starts)
         return [
-            assistant_mask(prompt, [(renderer.completion_ids(messages[: i + 1], tools), [])])
-            for prompt, i in zip(prompts, starts, strict=True)
+            assistant_mask(prompt, [(renderer.completion_ids(messages[: i + 1], tools, following=after), [])])
+            for prompt, i, after in zip(prompts, starts, following, strict=True)
         ]
     pieces = []
     for n, i in enumerate(starts):
-        completion = renderer.completion_ids(messages[: i + 1], tools)
+        completion = renderer.completion_ids(messages[: i + 1], tools, following=following[n])
         last = n + 1 == len(starts)
-        observation = [] if last else renderer.observation_ids(
-            messages[: i + 1], messages[i + 1 : starts[n + 1]], tools, completion, "stop"
-        )
+        observation = [] if last else renderer.observation_ids(messages[: i + 1], following[n], tools, completion, "stop")
         pieces.append((completion, observation))
     return [assistant_mask(renderer.prompt_ids(messages[: starts[0]], tools), pieces)]
 

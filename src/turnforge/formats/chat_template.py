@@ -7,10 +7,12 @@ the next assistant header. For Qwen3 after a tool observation:
     <|im_end|>\\n<|im_start|>user\\n<tool_response>\\nYou open the fridge 1.\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
 
 without its leading `<|im_end|>` when the generation already ended with it (the usual case; a
-generation cut by length gets the end-of-turn token from the delta). The delta is found by rendering the
-conversation before and after the observation and checking that one is a prefix of the other; it is
-tokenized on its own, which is safe because it always starts at a special token (`<|im_end|>`, or right
-after one), and a byte-level BPE never merges across an added token. The rollout's ids then equal
+generation cut by length gets the end-of-turn token from the delta). A family may end a reply with one of several
+tokens (`Family.turn_ends`): GLM-4.5 writes none after a reply, the next role's token ends it (`<|observation|>`
+before tool results, `<|user|>` before a user message); the reply's end is the first of them written after it.
+The delta is found by rendering the conversation before and after the observation and checking that one is a
+prefix of the other; it is tokenized on its own, which is safe because it always starts at a special token
+(`<|im_end|>`, or right after one), and a byte-level BPE never merges across an added token. The rollout's ids then equal
 `apply_chat_template(final messages, tools=..., add_generation_prompt=True)` whenever the generated ids
 are the canonical tokenization of their text (tests/test_token_exact.py), and they are the ids the model
 actually saw in every case.
@@ -146,8 +148,10 @@ class ChatTemplateRenderer:
         midnight would otherwise stop being prefix-preserving mid-way (a template without a date ignores it)."""
         self.tokenizer = tokenizer
         self.window = window
-        self.eos_text: str = tokenizer.eos_token
-        self.eos_id: int = tokenizer.eos_token_id
+        self.turn_ends = turn_ends(tokenizer, self.family)
+        """The tokens that can end a reply (`Family.turn_ends`; most families: the tokenizer's eos)."""
+        self.turn_end_ids: dict[str, int] = dict(zip(self.turn_ends, tokenizer.convert_tokens_to_ids(list(self.turn_ends)),
+                                                     strict=True))
         # memo: the last few renders, for one thread rendering one conversation turn by turn (SFT data): each turn's
         # observation renders the conversation its completion rendered just before, and its end the next turn's.
         self._memo: OrderedDict[tuple, tuple[tuple, str]] | None = OrderedDict() if memo else None
@@ -189,23 +193,38 @@ class ChatTemplateRenderer:
         `finish_reason` says).
         """
         _, _, delta = self._split_last_turn(messages, new_messages, tools)
-        if generated_ids and generated_ids[-1] == self.eos_id:
-            delta = delta[len(self.eos_text) :]
+        end = self._end_of(delta)
+        # The template's end is dropped when the model stopped on that very token. A model that stopped on another of
+        # the family's ends (GLM: <|user|> where a tool result follows, which the template opens with <|observation|>)
+        # keeps the id it sampled, which is what it saw, and the delta follows whole.
+        if end is not None and generated_ids and generated_ids[-1] == self.turn_end_ids[end]:
+            delta = delta[len(end) :]
         return encode(self.tokenizer, delta)
 
-    def completion_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None) -> list[int]:
-        """Canonical ids of the last (assistant) message as a model writes it: its rendered text + end-of-turn.
+    def completion_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None,
+                       following: Sequence[ChatMessage] = ()) -> list[int]:
+        """Canonical ids of the last (assistant) message as a model writes it: its rendered text + the end token the
+        template writes after it before `following` (the messages after it in the conversation).
 
         For a raw reply that is the content; for a message with structured `tool_calls` it is the template's
-        rendering of the calls (e.g. Qwen3's `<tool_call>` blocks).
+        rendering of the calls (e.g. Qwen3's `<tool_call>` blocks). The text is the reply's rendering as the last
+        message, where a rollout generates it: GLM's template empties a reply's reasoning once a user message follows,
+        a rollout's ids keep it. A reply nothing follows ends in the family's first end (GLM: `<|user|>`, what its
+        template writes before the next user turn; one stop token of its generation_config).
         """
         _, completion, _ = self._split_last_turn(messages, [], tools)
-        return encode(self.tokenizer, completion) + [self.eos_id]
+        delta = self._split_last_turn(messages, following, tools)[2] if following and len(self.turn_ends) > 1 else ""
+        end = self._end_of(delta) or self.turn_ends[0]
+        return encode(self.tokenizer, completion) + [self.turn_end_ids[end]]
+
+    def _end_of(self, delta: str) -> str | None:
+        """The end token a delta starts with (None: the template wrote none, as GLM's before a generation prompt)."""
+        return next((end for end in self.turn_ends if delta.startswith(end)), None)
 
     def _split_last_turn(
         self, messages: Sequence[ChatMessage], new_messages: Sequence[ChatMessage], tools: list[dict] | None
     ) -> tuple[str, str, str]:
-        """(prompt text, completion text, delta text from the end-of-turn on) around the last assistant message."""
+        """(prompt text, completion text, delta text from the reply's end on) around the last assistant message."""
         if not messages or role_of(messages[-1]) != "assistant":
             raise ValueError("the conversation must end with the assistant message whose observation is rendered")
         head = self._render(messages[:-1], tools)
@@ -218,14 +237,19 @@ class ChatTemplateRenderer:
             )
         rest = after[len(head) :]
         content = _as_dict(messages[-1]).get("content") or ""
-        # The reply itself could contain the end-of-turn text; a verbatim reply is located by its content.
-        end = len(content) if rest.startswith(content + self.eos_text) else rest.find(self.eos_text)
-        if end < 0:
+        # The reply itself could contain an end token's text; a verbatim reply is located by its content.
+        after_content = len(content) if rest.startswith(content) else 0
+        ends = [at for end in self.turn_ends if (at := rest.find(end, after_content)) >= 0]
+        if ends:
+            return head, rest[: min(ends)], rest[min(ends) :]
+        if new_messages:
             raise ValueError(
-                f"{template_name(self.tokenizer, self.template)} wrote no end-of-turn {self.eos_text!r} after the assistant "
-                f"message {len(messages) - 1}; token-exact rollouts need one"
+                f"{template_name(self.tokenizer, self.template)} wrote none of {', '.join(self.turn_ends)} after the "
+                f"assistant message {len(messages) - 1}; token-exact rollouts need one"
             )
-        return head, rest[:end], rest[end:]
+        # GLM: nothing ends a reply that nothing follows; the generation prompt comes right after it.
+        reply = render(self.tokenizer, messages, tools, False, self.template, self.date_string)
+        return head, rest[: len(reply) - len(head)], rest[len(reply) - len(head) :]
 
 
 # ---- the start-up check ---------------------------------------------------------------------------------
@@ -273,6 +297,11 @@ _ADVICE = (
 )
 
 
+def turn_ends(tokenizer: PreTrainedTokenizerBase, family: Family | None) -> tuple[str, ...]:
+    """The tokens that can end a reply: the family's where it names them (`Family.turn_ends`), else the tokenizer's eos."""
+    return family.turn_ends if family is not None and family.turn_ends else (tokenizer.eos_token,)
+
+
 def reading_family(tokenizer: PreTrainedTokenizerBase, family: Family | None, template: str | None) -> Family | None:
     """`family` with where `template`'s generation prompt leaves the reasoning (`Family.prompt_reasoning`)."""
     if family is None or family.reasoning is None:
@@ -304,59 +333,61 @@ def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase, family: Family |
 
     Checked on probe conversations (text actions; tool calls and tool observations where the template
     renders tools), each reply written as the model's `family` writes it (its reasoning block first): each
-    assistant reply renders as `prompt + reply + end-of-turn`, and rendering more messages after it never
-    changes the text before. The end-of-turn (`tokenizer.eos_token`) must be an added token, so the
-    observation delta, which starts there, can be tokenized on its own. `template`: check this one instead of
-    the tokenizer's own.
+    assistant reply renders as `prompt + reply`, followed by one of the family's end tokens (`turn_ends`; GLM's
+    template writes nothing after a conversation's last reply), and rendering more messages after it never changes
+    the text before. The end tokens must be added tokens, so the observation delta, which starts at one, can be
+    tokenized on its own. `template`: check this one instead of the tokenizer's own.
     """
     name = template_name(tokenizer, template)
     if not (template or tokenizer.chat_template):
         raise ValueError(f"{name}: the tokenizer has no chat template; set tokenizer.chat_template first")
-    eos = tokenizer.eos_token
-    if eos is None or eos not in tokenizer.get_added_vocab():
-        raise ValueError(
-            f"{name}: the end-of-turn token (tokenizer.eos_token = {eos!r}) must be an added/special token "
-            "so token-exact rollouts can tokenize each observation on its own; set eos_token to the token "
-            "the template writes after an assistant reply (e.g. <|im_end|>)"
-        )
-    key = (template or tokenizer.chat_template, eos, family.name if family else "")
+    ends = turn_ends(tokenizer, family)
+    for end in ends:
+        if end is None or end not in tokenizer.get_added_vocab():
+            raise ValueError(
+                f"{name}: the end-of-turn token {end!r} (tokenizer.eos_token, or the model family's) must be an "
+                "added/special token so token-exact rollouts can tokenize each observation on its own; set eos_token "
+                "to the token the template writes after an assistant reply (e.g. <|im_end|>)"
+            )
+    key = (template or tokenizer.chat_template, ends, family.name if family else "")
     if key in _CHECKED:
         return
     family = reading_family(tokenizer, family, template)
     for messages, tools in _PROBES:
         if family is not None:
-            messages = [{**m, "content": family.probe_reply(m["content"])} if m["role"] == "assistant" else m
-                        for m in messages]
+            # GLM's templates drop a turn's reasoning once a user message follows: its text probe replies without
+            reasoning = "I act." if tools or family.keeps_reasoning_before_user else ""
+            messages = [{**m, "content": family.probe_reply(m["content"], reasoning)} if m["role"] == "assistant"
+                        else m for m in messages]
         try:
             render(tokenizer, messages, tools, True, template)
         except Exception as e:
             if tools is None:
                 raise ValueError(f"{name} fails on a plain system/user/assistant conversation: {e}") from e
             continue  # a template without tool messages: tool envs will fail on it, text envs are fine
-        _check_probe(tokenizer, messages, tools, name, template)
+        _check_probe(tokenizer, messages, tools, name, template, ends)
     _CHECKED.add(key)
 
 
 def _check_probe(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None,
-                 name: str, template: str | None) -> None:
-    eos = tokenizer.eos_token
+                 name: str, template: str | None, ends: tuple[str, ...]) -> None:
     starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     for n, i in enumerate(starts):
         head = render(tokenizer, messages[:i], tools, True, template)
-        turn = head + messages[i]["content"] + eos
+        turn = head + messages[i]["content"]
         full = render(tokenizer, messages[: i + 1], tools, False, template)
-        if not full.startswith(turn):
+        if not (full.startswith(turn) and (full == turn or full[len(turn) :].startswith(ends))):
             raise ValueError(
                 f"{name} cannot be used for token-exact rollouts: it does not render an assistant reply "
-                f"verbatim between the generation prompt and {eos!r} ({_first_difference(turn, full)}). "
-                f"{_ADVICE}"
+                f"verbatim between the generation prompt and {' or '.join(map(repr, ends))} "
+                f"({_first_difference(turn + ends[0], full)}). {_ADVICE}"
             )
         nxt = starts[n + 1] if n + 1 < len(starts) else len(messages)
         after = render(tokenizer, messages[:nxt], tools, True, template)
-        if not after.startswith(turn):
+        if not (after.startswith(turn) and after[len(turn) :].startswith(ends)):
             raise ValueError(
                 f"{name} is not prefix-preserving: appending the observation after assistant turn {n + 1} "
-                f"changes how the conversation before it renders ({_first_difference(turn, after)}), so the ids "
+                f"changes how the conversation before it renders ({_first_difference(turn + ends[0], after)}), so the ids "
                 f"of a rollout would drift from the template. {_ADVICE}"
             )
 

@@ -50,6 +50,16 @@ GEMMA3_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 """Gemma 3's added tokens that its template uses (google/gemma-3-4b-it tokenizer.json; its image tokens left out)."""
 
+GLM4_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True), ("[MASK]", True), ("[gMASK]", True), ("[sMASK]", True), ("<sop>", True), ("<eop>", True),
+    ("<|system|>", True), ("<|user|>", True), ("<|assistant|>", True), ("<|observation|>", True),
+    ("<think>", False), ("</think>", False), ("<tool_call>", False), ("</tool_call>", False), ("<tool_response>", False),
+    ("</tool_response>", False), ("<arg_key>", False), ("</arg_key>", False), ("<arg_value>", False),
+    ("</arg_value>", False), ("/nothink", False),
+)
+"""GLM-4.5's added tokens that its template and tool calls use, in its order (zai-org/GLM-4.5-Air tokenizer_config.json,
+ids 151329-151360 there; its image, audio and code tokens left out)."""
+
 
 @dataclass(frozen=True)
 class Family:
@@ -65,7 +75,7 @@ class Family:
     tokens: tuple[tuple[str, bool], ...]
     """Its added tokens (text, special), for a tiny tokenizer."""
     eos: str
-    """The end-of-turn token its template writes after an assistant reply."""
+    """The tokenizer's `eos_token`: for most families the end-of-turn its template writes after an assistant reply."""
     pad: str
     bos: str | None = None
     """The token its template starts with (`bos_token`), if any."""
@@ -78,6 +88,16 @@ class Family:
     reply starts inside it); False, closed (a no-think prompt writes an empty block: the reply has none); None, not
     touched (the reply opens it itself, or not). Set by the renderer from the template it renders with
     (`with_prompt_reasoning`)."""
+    turn_ends: tuple[str, ...] = ()
+    """The tokens that can end a reply as the template writes it, each an added token (empty: the tokenizer's
+    `eos_token`, written after every reply). The renderer takes the first of them written after a reply as its end.
+    GLM-4.5 writes none: the next role's token ends it (`<|user|>`, `<|observation|>`, which its generation_config
+    stops on); the first is the end SFT gives a reply that nothing follows."""
+    reasoning_layout: str = "{open}\n{reasoning}\n{close}\n\n"
+    """A reply's reasoning block as the family's models write it before the rest (GLM: `\n<think>R</think>\n`)."""
+    keeps_reasoning_before_user: bool = True
+    """False where the family's templates (its own and TRL's training variant) drop a turn's reasoning once a user
+    message follows (GLM-4.5): its start-up check's text probe replies without reasoning (docs/families.md)."""
 
     def split_reasoning(self, text: str) -> tuple[str, str]:
         """(reasoning, the rest) of a reply, as vLLM's reasoning parsers split it: after a prompt that closed the
@@ -93,13 +113,14 @@ class Family:
         reasoning, _, rest = body.partition(end)
         return reasoning, rest
 
-    def probe_reply(self, action: str) -> str:
+    def probe_reply(self, action: str, reasoning: str = "I act.") -> str:
         """A reply with `action` as this family's model writes it after its generation prompt (its reasoning block
-        first, without the open tag where the prompt wrote it), for the start-up check."""
+        first, without what the prompt wrote of it: Qwen3.5's `<think>\n`), for the start-up check."""
         if self.reasoning is None or self.prompt_reasoning is False:
             return action
         start, end = self.reasoning
-        return f"{'' if self.prompt_reasoning else start + chr(10)}I act.\n{end}\n\n{action}"
+        block = self.reasoning_layout.format(open=start, reasoning=reasoning, close=end)
+        return (block.partition(start)[2].lstrip("\n") if self.prompt_reasoning else block) + action
 
     def with_prompt_reasoning(self, generation_prompt: str) -> Family:
         """This family with `prompt_reasoning` read from the end of a rendered generation prompt."""
@@ -139,11 +160,16 @@ FAMILIES: dict[str, Family] = {
             "lfm2", "lfm2.jinja", ("<|im_start|>", "<|tool_list_start|>"), "tool_call:lfm2", LFM2_TOKENS,
             "<|im_end|>", "<|pad|>", bos="<|startoftext|>",
         ),
+        Family(
+            "glm4", "glm4moe.jinja", ("<|observation|>", "<arg_key>"), "tool_call:glm4", GLM4_TOKENS, "<|endoftext|>",
+            "<|endoftext|>", reasoning=("<think>", "</think>"), turn_ends=("<|user|>", "<|observation|>"),
+            reasoning_layout="\n{open}{reasoning}{close}\n", keeps_reasoning_before_user=False,
+        ),
     )
 }
 """The families a model is read as (`tiny:NAME` builds one of each)."""
 
-_DETECT_ORDER = ("qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
+_DETECT_ORDER = ("glm4", "qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
 """The order templates are matched in, most specific first (qwen3_5's and qwen3_thinking's markers include qwen3's)."""
 
 
