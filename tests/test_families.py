@@ -55,7 +55,7 @@ def family_model_dir(tmp_path_factory):
     ("qwen3_instruct_2507.jinja", "qwen3"), ("qwen2_5.jinja", "qwen3"), ("qwen3.jinja", "qwen3_thinking"),
     ("qwen3_5_think.jinja", "qwen3_5"), ("qwen3_5_nothink.jinja", "qwen3_5"), ("qwen3_6.jinja", "qwen3_5"),
     ("qwen3_training.jinja", "qwen3_thinking"), ("llama3_2.jinja", "llama3"), ("llama3_1.jinja", "llama3"),
-    ("lfm2.jinja", "lfm2"), ("gemma3.jinja", "gemma3"), ("phi3_5.jinja", None), ("gemma4.jinja", None),
+    ("lfm2.jinja", "lfm2"), ("gemma3.jinja", "gemma3"), ("phi3_5.jinja", None),
 ])
 def test_the_family_is_read_from_the_template(template, family):
     found = detect_family(trl_chat_template(template))
