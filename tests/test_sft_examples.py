@@ -195,7 +195,7 @@ def test_trajectory_records_train_in_episode_order_whatever_order_they_finished_
 
 
 def test_rendering_a_conversation_turn_by_turn_renders_each_prefix_once(tokenizer, tasks, monkeypatch):
-    """`conversation_examples` renders through a memo (`ChatTemplateRenderer(memo=True)`): the same examples as
+    """`conversation_examples` renders through a memo (`chat_renderer(memo=True)`): the same examples as
     without it, two renders a turn instead of four; the memo answers only for the very
     message objects it rendered (an equal copy is rendered anew)."""
     import turnforge.data.sft as sft_data
@@ -210,7 +210,7 @@ def test_rendering_a_conversation_turn_by_turn_renders_each_prefix_once(tokenize
     examples = {}
     for memo in (False, True):
         calls.clear()
-        monkeypatch.setattr(sft_data, "ChatTemplateRenderer",
+        monkeypatch.setattr(sft_data, "chat_renderer",
                             lambda tok, window=None, memo=True, _on=memo: chat.ChatTemplateRenderer(tok, window, _on))
         examples[memo] = conversation_examples(traj.messages, traj.tools, tokenizer, replies=traj.reply_indices())
         assert len(calls) == (4 * turns - 1 if not memo else 2 * turns + 1)

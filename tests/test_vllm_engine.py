@@ -212,10 +212,11 @@ def test_without_verbose_vllms_engine_processes_are_quiet(tmp_path):
     assert not any(x in quiet for x in ("INFO-LINE", "WARNING-LINE", "DEPRECATED-LINE")), quiet
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3_thinking"])
+@pytest.mark.parametrize("family", ["llama3", "qwen3_thinking", "gptoss"])
 def test_a_model_family_plays_on_vllm_as_on_hf(tmp_path, family):
     """Issue 63: a tiny model of another family (Llama 3's template, <|eot_id|> ending its turns; Qwen3's thinking
-    template, rendered with TRL's training variant) plays its own tool-call format on vLLM token for token as on hf."""
+    template, rendered with TRL's training variant; gpt-oss's harmony, a reply ending on <|call|> or <|return|>) plays
+    its own tool-call format on vLLM token for token as on hf."""
     from turnforge.policies.vllm import VLLMPolicy
     from turnforge.tiny_model import build_tiny_model
     from vllm_engines import TEST_ENGINE

@@ -41,15 +41,17 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
 from turnforge.formats.chat_template import trl_chat_template
 from turnforge.formats.families import Family, get_family, is_tiny, model_family
+from turnforge.formats.harmony import render_conversation
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
-from turnforge.types import StopReason
+from turnforge.types import Message, StopReason
 
 TINY = "tiny"
 """The quickstart's model: `tiny:qwen3`, Qwen3-4B-Instruct-2507's template (`trl/chat_templates/qwen3_instruct_2507.jinja`)."""
@@ -172,6 +174,18 @@ def env_corpus(env: str, env_options: dict[str, Any], family: Family | None = No
     family = family or get_family("qwen3")
     spec = get_env_spec(env)
     template = trl_chat_template(family.template)
+
+    def head(messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool = True) -> str:
+        text, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template,
+                                        add_generation_prompt=add_generation_prompt, bos_token=family.bos or "",
+                                        date_string=CORPUS_DATE)
+        return text[0]
+
+    def render(messages: list[Message], tools: list[dict] | None) -> str:
+        if family.channels:  # gpt-oss's template renders no raw reply: harmony's renderer, as the rollouts
+            return render_conversation(messages, tools, True, partial(head, add_generation_prompt=False))
+        return head([m.to_dict() for m in messages], tools)
+
     split = "train" if "train" in spec.splits else spec.splits[0]
     # a smaller split: all of it
     tasks = load_tasks(env, split, limit=min(CORPUS_TASKS, split_size(env, split, **env_options)), **env_options)
@@ -180,12 +194,7 @@ def env_corpus(env: str, env_options: dict[str, Any], family: Family | None = No
         for traj in trajs:
             if traj.stop_reason is StopReason.env_error:  # the corpus would silently miss this variant's text
                 raise RuntimeError(f"the {env} expert failed on {traj.task_id} ({variant}): {traj.score.details['error']}")
-            text, _ = render_jinja_template(
-                conversations=[[m.to_dict() for m in traj.messages]], tools=traj.tools,
-                chat_template=template, add_generation_prompt=True, bos_token=family.bos or "",
-                date_string=CORPUS_DATE,
-            )
-            yield text[0]
+            yield render(traj.messages, traj.tools)
     if spec.vocabulary is not None:  # names no sampled episode showed still become whole tokens
         yield "".join(f" {name}" for name in spec.words(env_options))
 
@@ -290,7 +299,8 @@ def tiny_model(tokenizer: Any, size: str, seed: int, family: Family | None = Non
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     # As Qwen3-4B-Instruct-2507's generation_config.json: both end tokens stop generation.
-    # GLM-4.5's stops on every token that can end a reply (<|user|>, <|observation|>) besides its eos (= its pad).
+    # GLM-4.5's stops on every token that can end a reply (<|user|>, <|observation|>) besides its eos (= its pad);
+    # gpt-oss's on <|call|> besides <|return|>.
     stops = list(dict.fromkeys([end, pad, *tokenizer.convert_tokens_to_ids(list(family.turn_ends))]))
     model.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=pad, bos_token_id=None)
     return model

@@ -6,7 +6,7 @@ reply and the end-of-turn token that closes it), 0 on the prompt and on every ob
 - A token-exact trajectory (a model's rollout: `prompt_ids`, and per turn `generated_ids` +
   `observation_ids`) is used as recorded: the ids the model saw and sampled, never re-tokenized.
 - A trajectory without ids (a scripted expert's) or a conversational record is rendered with the
-  tokenizer's chat template by the same `ChatTemplateRenderer` the rollouts use, so an example's ids are
+  tokenizer's chat template by the same renderer the rollouts use (`chat_renderer`), so an example's ids are
   the ones a rollout of the same conversation would have produced (prompt header tokens apart from the
   reply's tokens, exactly as at inference).
 - With a history `window`, one example per assistant turn: the windowed prompt (as the rollout with that
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from turnforge.data.sources import read_records
-from turnforge.formats.chat_template import ChatMessage, ChatTemplateRenderer, role_of, window_messages
+from turnforge.formats.chat_template import ChatMessage, ChatRenderer, chat_renderer, role_of, window_messages
 from turnforge.types import TRAJECTORY_KEYS, Trajectory
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def trajectory_examples(
     if any(turn.prompt_ids for turn in traj.turns):  # rolled out with a window: each turn has its own prompt
         return [assistant_mask(turn.prompt_ids, [(turn.generated_ids, [])]) for turn in traj.turns if turn.learn]
     if window is not None:
-        renderer = ChatTemplateRenderer(tokenizer, window)
+        renderer = chat_renderer(tokenizer, window)
         prompts = _windowed_prompts(traj.messages, traj.tools, renderer, traj.reply_indices())
         return [
             assistant_mask(p, [(turn.generated_ids, [])])
@@ -128,7 +128,7 @@ def conversation_examples(
         return []
     if starts[0] == 0:
         raise ValueError("a conversation must start with a system or user message before the first assistant reply")
-    renderer = ChatTemplateRenderer(tokenizer, window, memo=True)  # one conversation, turn by turn: renders repeat
+    renderer = chat_renderer(tokenizer, window, memo=True)  # one conversation, turn by turn: renders repeat
     following = [messages[i + 1 : end] for i, end in zip(starts, [*starts[1:], len(messages)], strict=True)]
     if window is not None:
         prompts = _windowed_prompts(messages, tools, renderer, starts)
@@ -148,7 +148,7 @@ def conversation_examples(
 def _windowed_prompts(
     messages: Sequence[ChatMessage],
     tools: list[dict[str, Any]] | None,
-    renderer: ChatTemplateRenderer,
+    renderer: ChatRenderer,
     replies: Sequence[int],
 ) -> list[list[int]]:
     """The windowed prompt before each reply (positions `replies`), as a rollout with `renderer.window` renders it."""

@@ -7,6 +7,7 @@ Registered formats (`list_formats()`), each described in its own module:
     get_format("react_sql")  the same, actions as DBBench's `Action: Operation` + ```sql block
     get_format("tool_call")  Qwen3 / Hermes `<tool_call>` JSON blocks
     get_format("tool_call:llama3") Llama 3.x JSON calls, `{"name": ..., "parameters": {...}}`
+    get_format("tool_call:harmony") gpt-oss's commentary message `to=functions.NAME <|constrain|>json<|message|>{...}`
     get_format("tool_call:gemma4") Gemma 4's `<|tool_call>call:f{a:<|"|>x<|"|>,n:2}<tool_call|>`
     get_format("tool_call:glm4")   GLM-4.5/4.6 `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>`
     get_format("tool_call:granite4") Granite 4.0's `<tool_call>` JSON blocks, read as strictly as vLLM's granite4
@@ -31,6 +32,7 @@ from turnforge.formats.tool_call import ToolCallFormat
 from turnforge.formats.tool_call_gemma4 import Gemma4ToolCallFormat
 from turnforge.formats.tool_call_glm4 import Glm4ToolCallFormat
 from turnforge.formats.tool_call_granite4 import Granite4ToolCallFormat
+from turnforge.formats.tool_call_harmony import HarmonyToolCallFormat
 from turnforge.formats.tool_call_lfm2 import Lfm2ToolCallFormat
 from turnforge.formats.tool_call_llama3 import Llama3ToolCallFormat
 from turnforge.formats.tool_call_phi4_mini import Phi4MiniToolCallFormat
@@ -45,6 +47,7 @@ _FORMATS: dict[str, Callable[[], Format]] = {
     "tool_call:gemma4": Gemma4ToolCallFormat,
     "tool_call:glm4": Glm4ToolCallFormat,
     "tool_call:granite4": Granite4ToolCallFormat,
+    "tool_call:harmony": HarmonyToolCallFormat,
     "tool_call:lfm2": Lfm2ToolCallFormat,
     "tool_call:llama3": Llama3ToolCallFormat,
     "tool_call:phi4_mini": Phi4MiniToolCallFormat,

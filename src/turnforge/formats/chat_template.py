@@ -436,3 +436,14 @@ def template_name(tokenizer: PreTrainedTokenizerBase, template: str | None = Non
     if known is not None:
         return f"chat template trl/chat_templates/{known}"
     return f"the chat template of {tokenizer.name_or_path or type(tokenizer).__name__}"
+
+
+def chat_renderer(tokenizer: PreTrainedTokenizerBase, window: int | None = None, memo: bool = False) -> ChatRenderer:
+    """The renderer for the tokenizer's model family: harmony's own for gpt-oss, whose template renders replies only from
+    structured fields (`formats/harmony.py`), else `ChatTemplateRenderer` (`memo`: see there)."""
+    family = detect_family(tokenizer.chat_template)
+    if family is not None and family.channels:
+        from turnforge.formats.harmony import HarmonyRenderer
+
+        return HarmonyRenderer(tokenizer, window)
+    return ChatTemplateRenderer(tokenizer, window, memo)

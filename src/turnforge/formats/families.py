@@ -50,6 +50,12 @@ GEMMA3_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 """Gemma 3's added tokens that its template uses (google/gemma-3-4b-it tokenizer.json; its image tokens left out)."""
 
+GPTOSS_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|startoftext|>", True), ("<|endoftext|>", True), ("<|return|>", True), ("<|constrain|>", True),
+    ("<|channel|>", True), ("<|start|>", True), ("<|end|>", True), ("<|message|>", True), ("<|call|>", True),
+)
+"""gpt-oss's added tokens that harmony uses, in o200k_harmony's order (ids 199998-200012 there; reserved ones left out)."""
+
 GLM4_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|endoftext|>", True), ("[MASK]", True), ("[gMASK]", True), ("[sMASK]", True), ("<sop>", True), ("<eop>", True),
     ("<|system|>", True), ("<|user|>", True), ("<|assistant|>", True), ("<|observation|>", True),
@@ -99,10 +105,17 @@ class Family:
     """False where the family's templates (its own and TRL's training variant) drop a turn's reasoning once a user
     message follows (GLM-4.5): its start-up check's text probe replies without reasoning (docs/families.md)."""
 
+    channels: bool = False
+    """Replies are harmony channel messages (gpt-oss): the reasoning is the analysis channel (`formats/harmony.py`)."""
+
     def split_reasoning(self, text: str) -> tuple[str, str]:
         """(reasoning, the rest) of a reply, as vLLM's reasoning parsers split it: after a prompt that closed the
         reasoning there is none; otherwise the open tag is optional and, with no close tag, the whole reply is
-        reasoning (cut off while thinking). A family without reasoning: ("", text)."""
+        reasoning (cut off while thinking). A family without reasoning: ("", text). Harmony: `split_reply`."""
+        if self.channels:
+            from turnforge.formats.harmony import split_reply
+
+            return split_reply(text)
         if self.reasoning is None or self.prompt_reasoning is False:
             return "", text
         start, end = self.reasoning
@@ -157,6 +170,11 @@ FAMILIES: dict[str, Family] = {
             "<pad>", bos="<bos>",
         ),
         Family(
+            "gptoss", "gptoss.jinja", ("<|channel|>", "<|call|>"), "tool_call:harmony", GPTOSS_TOKENS, "<|return|>",
+            "<|endoftext|>", reasoning=("<|channel|>analysis<|message|>", "<|end|>"), channels=True,
+            turn_ends=("<|return|>", "<|call|>"),
+        ),
+        Family(
             "lfm2", "lfm2.jinja", ("<|im_start|>", "<|tool_list_start|>"), "tool_call:lfm2", LFM2_TOKENS,
             "<|im_end|>", "<|pad|>", bos="<|startoftext|>",
         ),
@@ -169,7 +187,7 @@ FAMILIES: dict[str, Family] = {
 }
 """The families a model is read as (`tiny:NAME` builds one of each)."""
 
-_DETECT_ORDER = ("glm4", "qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
+_DETECT_ORDER = ("gptoss", "glm4", "qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
 """The order templates are matched in, most specific first (qwen3_5's and qwen3_thinking's markers include qwen3's)."""
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import torch
 
-from turnforge.formats.chat_template import ChatTemplateRenderer
+from turnforge.formats.chat_template import chat_renderer
 from turnforge.models.loading import load_model
 from turnforge.policies.base import (
     Generation,
@@ -87,7 +87,7 @@ class HFPolicy:
                prefix_sharing: bool) -> None:
         self.model_id = model_id
         self.model, self.tokenizer = model, tokenizer
-        self.renderer = ChatTemplateRenderer(self.tokenizer, window=window)
+        self.renderer = chat_renderer(self.tokenizer, window=window)
         self.batch_size = batch_size
         self.max_in_flight = batch_size
         eos = self.model.generation_config.eos_token_id

@@ -30,7 +30,7 @@ class TokenPrompts:
     def __init__(self, tokenizer: str):
         from transformers import AutoTokenizer
 
-        from turnforge.formats.chat_template import ChatTemplateRenderer
+        from turnforge.formats.chat_template import chat_renderer
         from turnforge.models.loading import check_model_folder
         from turnforge.policies.vllm import generation_config, stop_ids_of  # neither imports vllm
 
@@ -40,7 +40,7 @@ class TokenPrompts:
         except OSError as e:  # transformers' "not found" (locally and on the Hub, or no network)
             raise FileNotFoundError(f"--tokenizer {tokenizer}: cannot load a tokenizer there ({e}); give the served "
                                     "model's folder or Hub id") from None
-        self.renderer = ChatTemplateRenderer(self.tokenizer)
+        self.renderer = chat_renderer(self.tokenizer)
         self.stop_ids = stop_ids_of(self.tokenizer, generation_config(tokenizer))
 
     def body(self, prompt: Prompt, params: SamplingParams, model: str, seed: int) -> dict[str, Any]:

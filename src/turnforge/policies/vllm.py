@@ -30,7 +30,7 @@ import hashlib
 import sys
 from typing import Any
 
-from turnforge.formats.chat_template import ChatTemplateRenderer
+from turnforge.formats.chat_template import chat_renderer
 from turnforge.policies.base import (
     VLLM_INSTALL,
     BackendNotInstalled,
@@ -102,7 +102,7 @@ class VLLMPolicy:
 
     def _setup(self, llm, tokenizer, window: int | None, model_id: str, lora) -> None:
         self.llm, self.tokenizer, self.model_id, self.lora = llm, tokenizer, model_id, lora
-        self.renderer = ChatTemplateRenderer(tokenizer, window=window)
+        self.renderer = chat_renderer(tokenizer, window=window)
         self.stop_ids = stop_ids_of(tokenizer, generation_config(llm.llm_engine.model_config.model))
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
@@ -207,7 +207,7 @@ class TRLServerPolicy:
 
     def __init__(self, client, tokenizer, model: str, window: int | None = None):
         self.client, self.tokenizer = client, tokenizer
-        self.renderer = ChatTemplateRenderer(tokenizer, window=window)
+        self.renderer = chat_renderer(tokenizer, window=window)
         self.stop_ids = stop_ids_of(tokenizer, generation_config(model))
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
