@@ -161,8 +161,9 @@ NEWLINE_BEFORE_END = DROPS_EARLIER_REPLIES.replace(
     [
         (DROPS_EARLIER_REPLIES, r"is not prefix-preserving: appending the observation after assistant turn 1"),
         (NEWLINE_BEFORE_END, r"does not render an assistant reply verbatim"),
+        # on a tokenizer whose end-of-turn is not DeepSeek's: its training variant, tried in its place, is refused
         ("deepseek_r1_distill.jinja",
-         r"chat template trl/chat_templates/deepseek_r1_distill\.jinja cannot be used for token-exact rollouts"),
+         r"chat template trl/chat_templates/deepseek_r1_distill_training\.jinja cannot be used for token-exact rollouts"),
     ],
     ids=["drops-earlier-replies", "newline-before-end", "trl-deepseek-r1-distill"],
 )

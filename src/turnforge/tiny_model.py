@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
-from turnforge.formats.chat_template import trl_chat_template
+from turnforge.formats.chat_template import template_messages, trl_chat_template
 from turnforge.formats.families import Family, get_family, is_tiny, model_family
 from turnforge.formats.harmony import render_conversation
 from turnforge.policies.scripted import ExpertPolicy
@@ -184,7 +184,7 @@ def env_corpus(env: str, env_options: dict[str, Any], family: Family | None = No
     def render(messages: list[Message], tools: list[dict] | None) -> str:
         if family.channels:  # gpt-oss's template renders no raw reply: harmony's renderer, as the rollouts
             return render_conversation(messages, tools, True, partial(head, add_generation_prompt=False))
-        return head([m.to_dict() for m in messages], tools)
+        return head(template_messages(messages, family), tools)  # Gemma 4: calls as tool_calls, as the renderer
 
     split = "train" if "train" in spec.splits else spec.splits[0]
     # a smaller split: all of it

@@ -42,7 +42,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from turnforge.formats.families import Family, detect_family
-from turnforge.types import Message
+from turnforge.types import Message, ToolCall
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -82,14 +82,45 @@ def window_messages(messages: Sequence[ChatMessage], window: int | None) -> list
 
 
 def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage], tools: list[dict] | None,
-           generation_prompt: bool, template: str | None = None, date_string: str | None = None) -> str:
+           generation_prompt: bool, template: str | None = None, date_string: str | None = None,
+           family: Family | None = None) -> str:
     """The chat template's text for `messages` (Message objects or dicts), as `apply_chat_template` writes it (with
     `template` instead of the tokenizer's own when given; `date_string`: the day a template that writes today's date
-    writes, Llama 3's, instead of the clock's)."""
+    writes, Llama 3's, instead of the clock's; `family`: the messages as its template is given them,
+    `template_messages`)."""
     return tokenizer.apply_chat_template(
-        [_as_dict(m) for m in messages], tools=tools, add_generation_prompt=generation_prompt, tokenize=False,
+        template_messages(messages, family), tools=tools, add_generation_prompt=generation_prompt, tokenize=False,
         chat_template=template, **({"date_string": date_string} if date_string else {}),
     )
+
+
+def template_messages(messages: Sequence[ChatMessage], family: Family | None = None) -> list[dict[str, Any]]:
+    """The messages as chat dicts, as the family's template is given them.
+
+    Gemma 4's templates (`Family.calls_in_turn`) write a tool result only after the structured `tool_calls` it answers
+    and drop any other tool message. A raw reply holding calls is given as its calls, read by the family's tool format
+    as the env reads them, and the text after them (where the template writes a reply's text); a tool message that
+    answers no call (the env's answer to a reply it could not read) is given as a user message, so the model sees it.
+    DeepSeek-R1-distill's (`Family.verbatim_replies`) are given each reply after the `<think>\n` its prompt wrote.
+    """
+    dicts = [_as_dict(m) for m in messages]
+    if family is not None and family.verbatim_replies:
+        return family.opened_replies(dicts)
+    if family is None or not family.calls_in_turn:
+        return dicts
+    from turnforge.formats import get_format
+
+    fmt = get_format(family.tool_format)
+    out: list[dict[str, Any]] = []
+    for m in dicts:
+        if m["role"] == "assistant" and not m.get("tool_calls") and isinstance(m.get("content"), str):
+            parsed = fmt.parse(m["content"])
+            if isinstance(parsed, Message) and parsed.tool_calls:
+                m = {**m, "content": parsed.content, "tool_calls": [c.to_dict() for c in parsed.tool_calls]}
+        elif m["role"] == "tool" and not (out and (out[-1].get("tool_calls") or out[-1]["role"] == "tool")):
+            m = {"role": "user", "content": m.get("content") or ""}
+        out.append(m)
+    return out
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -160,13 +191,13 @@ class ChatTemplateRenderer:
         """`render(..., generation_prompt=True)`, from the memo when these very message objects were rendered lately
         (the memo holds them, so their ids cannot be reused while they are its keys)."""
         if self._memo is None:
-            return render(self.tokenizer, messages, tools, True, self.template, self.date_string)
+            return render(self.tokenizer, messages, tools, True, self.template, self.date_string, self.family)
         held = (tuple(messages), tools)
         key = (tuple(map(id, messages)), id(tools))
         if key in self._memo:
             self._memo.move_to_end(key)
             return self._memo[key][1]
-        text = render(self.tokenizer, messages, tools, True, self.template, self.date_string)
+        text = render(self.tokenizer, messages, tools, True, self.template, self.date_string, self.family)
         self._memo[key] = (held, text)
         if len(self._memo) > 4:
             self._memo.popitem(last=False)
@@ -248,7 +279,7 @@ class ChatTemplateRenderer:
                 f"assistant message {len(messages) - 1}; token-exact rollouts need one"
             )
         # GLM: nothing ends a reply that nothing follows; the generation prompt comes right after it.
-        reply = render(self.tokenizer, messages, tools, False, self.template, self.date_string)
+        reply = render(self.tokenizer, messages, tools, False, self.template, self.date_string, self.family)
         return head, rest[: len(reply) - len(head)], rest[len(reply) - len(head) :]
 
 
@@ -359,23 +390,32 @@ def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase, family: Family |
             reasoning = "I act." if tools or family.keeps_reasoning_before_user else ""
             messages = [{**m, "content": family.probe_reply(m["content"], reasoning)} if m["role"] == "assistant"
                         else m for m in messages]
+            if family.calls_in_turn and tools:  # Gemma 4: the probe's calls in its own format, no text before them
+                messages = [{**m, "content": _family_call(family)} if _CALL in m["content"] else m for m in messages]
         try:
-            render(tokenizer, messages, tools, True, template)
+            render(tokenizer, messages, tools, True, template, family=family)
         except Exception as e:
             if tools is None:
                 raise ValueError(f"{name} fails on a plain system/user/assistant conversation: {e}") from e
             continue  # a template without tool messages: tool envs will fail on it, text envs are fine
-        _check_probe(tokenizer, messages, tools, name, template, ends)
+        _check_probe(tokenizer, messages, tools, name, template, ends, family)
     _CHECKED.add(key)
 
 
+def _family_call(family: Family) -> str:
+    """The probes' call (`act` with `action` "look") as the family's tool format writes it."""
+    from turnforge.formats import get_format
+
+    return get_format(family.tool_format).render(Message("assistant", "", tool_calls=[ToolCall("act", {"action": "look"})]))
+
+
 def _check_probe(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None,
-                 name: str, template: str | None, ends: tuple[str, ...]) -> None:
+                 name: str, template: str | None, ends: tuple[str, ...], family: Family | None = None) -> None:
     starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     for n, i in enumerate(starts):
-        head = render(tokenizer, messages[:i], tools, True, template)
+        head = render(tokenizer, messages[:i], tools, True, template, family=family)
         turn = head + messages[i]["content"]
-        full = render(tokenizer, messages[: i + 1], tools, False, template)
+        full = render(tokenizer, messages[: i + 1], tools, False, template, family=family)
         if not (full.startswith(turn) and (full == turn or full[len(turn) :].startswith(ends))):
             raise ValueError(
                 f"{name} cannot be used for token-exact rollouts: it does not render an assistant reply "
@@ -383,7 +423,7 @@ def _check_probe(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools
                 f"({_first_difference(turn + ends[0], full)}). {_ADVICE}"
             )
         nxt = starts[n + 1] if n + 1 < len(starts) else len(messages)
-        after = render(tokenizer, messages[:nxt], tools, True, template)
+        after = render(tokenizer, messages[:nxt], tools, True, template, family=family)
         if not (after.startswith(turn) and after[len(turn) :].startswith(ends)):
             raise ValueError(
                 f"{name} is not prefix-preserving: appending the observation after assistant turn {n + 1} "

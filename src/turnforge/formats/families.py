@@ -50,12 +50,6 @@ GEMMA3_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 """Gemma 3's added tokens that its template uses (google/gemma-3-4b-it tokenizer.json; its image tokens left out)."""
 
-GPTOSS_TOKENS: tuple[tuple[str, bool], ...] = (
-    ("<|startoftext|>", True), ("<|endoftext|>", True), ("<|return|>", True), ("<|constrain|>", True),
-    ("<|channel|>", True), ("<|start|>", True), ("<|end|>", True), ("<|message|>", True), ("<|call|>", True),
-)
-"""gpt-oss's added tokens that harmony uses, in o200k_harmony's order (ids 199998-200012 there; reserved ones left out)."""
-
 GLM4_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|endoftext|>", True), ("[MASK]", True), ("[gMASK]", True), ("[sMASK]", True), ("<sop>", True), ("<eop>", True),
     ("<|system|>", True), ("<|user|>", True), ("<|assistant|>", True), ("<|observation|>", True),
@@ -65,6 +59,34 @@ GLM4_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 """GLM-4.5's added tokens that its template and tool calls use, in its order (zai-org/GLM-4.5-Air tokenizer_config.json,
 ids 151329-151360 there; its image, audio and code tokens left out)."""
+
+GPTOSS_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|startoftext|>", True), ("<|endoftext|>", True), ("<|return|>", True), ("<|constrain|>", True),
+    ("<|channel|>", True), ("<|start|>", True), ("<|end|>", True), ("<|message|>", True), ("<|call|>", True),
+)
+"""gpt-oss's added tokens that harmony uses, in o200k_harmony's order (ids 199998-200012 there; reserved ones left out)."""
+
+GEMMA4_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<pad>", True), ("<eos>", True), ("<bos>", True), ("<unk>", True), ("<mask>", True), ("<|tool>", True),
+    ("<tool|>", True), ("<|tool_call>", True), ("<tool_call|>", True), ("<|tool_response>", True),
+    ("<tool_response|>", True), ('<|"|>', True), ("<|think|>", True), ("<|channel>", True), ("<channel|>", True),
+    ("<|turn>", True), ("<turn|>", True),
+)
+"""Gemma 4's added tokens that its template and tool calls use, in its order (google/gemma-4-E2B-it: ids 0-4, 46-52,
+98, 100, 101, 105, 106 there; its image, audio and video tokens left out). All special: vLLM's gemma4 parser decodes
+with `skip_special_tokens=False` to see them; the flags were not read from the Hub's tokenizer.json here."""
+
+DEEPSEEK_R1_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<｜end▁of▁sentence｜>", True), ("<｜User｜>", False), ("<｜Assistant｜>", False), ("<｜begin▁of▁sentence｜>", True),
+    ("<|EOT|>", False), ("<think>", False), ("</think>", False), ("<|quad_start|>", True), ("<|quad_end|>", True),
+    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True), ("<|image_pad|>", True),
+    ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+)
+"""DeepSeek-R1-Distill-Qwen's added tokens in its order, ids 151643-151664 (deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B
+tokenizer_config.json; the 7B's is taken to be the same, Qwen2.5's vocabulary with its first seven added tokens
+replaced). `<｜User｜>` and `<｜Assistant｜>` are not special there."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,14 @@ class Family:
 
     channels: bool = False
     """Replies are harmony channel messages (gpt-oss): the reasoning is the analysis channel (`formats/harmony.py`)."""
+    calls_in_turn: bool = False
+    """Its templates write a tool result only after the structured `tool_calls` it answers, in the same model turn
+    (Gemma 4: `<|tool_call>...<tool_call|><|tool_response>...<tool_response|>`, the model going on with no new header):
+    the renderer gives the template each reply's calls as `tool_calls` (`chat_template.template_messages`)."""
+    verbatim_replies: bool = False
+    """Its templates write a reply's content as given, and the reasoning's opening only in the generation prompt
+    (DeepSeek-R1-distill: `<｜Assistant｜><think>\n`, not written again before the reply in history): the template is
+    given each reply with that opening first (`opened_replies`), so a turn renders as the prompt + the reply."""
 
     def split_reasoning(self, text: str) -> tuple[str, str]:
         """(reasoning, the rest) of a reply, as vLLM's reasoning parsers split it: after a prompt that closed the
@@ -134,6 +164,25 @@ class Family:
         start, end = self.reasoning
         block = self.reasoning_layout.format(open=start, reasoning=reasoning, close=end)
         return (block.partition(start)[2].lstrip("\n") if self.prompt_reasoning else block) + action
+
+    def opened_replies(self, messages: list[dict]) -> list[dict]:
+        """The messages as a `verbatim_replies` template is given them: each reply to a generation prompt that opened
+        the reasoning (after a user message; DeepSeek-R1-distill's prompt after tool outputs opens nothing) with that
+        opening first, a reply without a close tag (a demonstration) with an empty block as Qwen3.5's training
+        template writes one, a reply already starting with the opening (a dataset's) as it is."""
+        if not self.verbatim_replies or not self.prompt_reasoning:
+            return messages
+        start, end = self.reasoning
+        opening = self.reasoning_layout.split("{reasoning}")[0].format(open=start)
+        out = []
+        for before, m in zip([None, *messages], messages, strict=False):
+            content = m.get("content")
+            if m["role"] == "assistant" and isinstance(content, str) and before is not None and before["role"] == "user" \
+                    and not content.startswith(opening):
+                empty = self.reasoning_layout.format(open=start, reasoning="", close=end)
+                m = {**m, "content": (opening if end in content else empty) + content}
+            out.append(m)
+        return out
 
     def with_prompt_reasoning(self, generation_prompt: str) -> Family:
         """This family with `prompt_reasoning` read from the end of a rendered generation prompt."""
@@ -183,11 +232,21 @@ FAMILIES: dict[str, Family] = {
             "<|endoftext|>", reasoning=("<think>", "</think>"), turn_ends=("<|user|>", "<|observation|>"),
             reasoning_layout="\n{open}{reasoning}{close}\n", keeps_reasoning_before_user=False,
         ),
+        Family(
+            "gemma4", "gemma4_v5.jinja", ("<|turn>", "<|tool_call>"), "tool_call:gemma4", GEMMA4_TOKENS, "<eos>", "<pad>",
+            bos="<bos>", turn_ends=("<turn|>", "<|tool_response>"), calls_in_turn=True,
+        ),
+        Family(
+            "deepseek_r1", "deepseek_r1_distill.jinja", ("<｜Assistant｜><think>", "\\n<｜tool▁output▁begin｜>"), None,
+            DEEPSEEK_R1_TOKENS, "<｜end▁of▁sentence｜>", "<｜end▁of▁sentence｜>", bos="<｜begin▁of▁sentence｜>",
+            reasoning=("<think>", "</think>"), training_template="deepseek_r1_distill_training.jinja",
+            verbatim_replies=True,
+        ),
     )
 }
 """The families a model is read as (`tiny:NAME` builds one of each)."""
 
-_DETECT_ORDER = ("gptoss", "glm4", "qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma3")
+_DETECT_ORDER = ("gptoss", "glm4", "qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma4", "gemma3", "deepseek_r1")
 """The order templates are matched in, most specific first (qwen3_5's and qwen3_thinking's markers include qwen3's)."""
 
 
