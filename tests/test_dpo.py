@@ -82,19 +82,49 @@ def test_unmerged_adapter_is_saved_as_an_adapter(tiny_model_dir, pairs_file, tmp
 def test_loss_is_on_the_next_turn_only(tiny_model_dir, tmp_path):
     lm, tokenizer = load_model(tiny_model_dir, dtype="float32", device="cpu")
     pairs = _fixed_pairs(1)
-    trainer = build_trainer(lm, tokenizer, preference_dataset(pairs, DPOSettings()), tmp_path, DPOSettings())
+    trainer = build_trainer(lm, tokenizer, preference_dataset(pairs, DPOSettings(), tokenizer), tmp_path, DPOSettings())
     row = trainer.train_dataset[0]
     assert tokenizer.decode(row["prompt_ids"]).endswith("<|im_start|>assistant\n")
     assert tokenizer.decode(row["chosen_ids"]).startswith(pairs[0].chosen + "<|im_end|>")
     assert tokenizer.decode(row["rejected_ids"]).startswith("ACTION: fly to the moon<|im_end|>")
 
 
-def test_window_keeps_the_last_turns_of_the_history():
+def test_window_keeps_the_last_turns_of_the_history(tiny_model_dir):
+    tokenizer = load_model(tiny_model_dir, dtype="float32", device="cpu")[1]
     history = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
     for i in range(3):
         history += [{"role": "assistant", "content": f"a{i}"}, {"role": "user", "content": f"o{i}"}]
-    ds = preference_dataset([Pair(history, "c", "r", "loop")], DPOSettings(window=1))
-    assert [m["content"] for m in ds[0]["prompt"]] == ["s", "task", "a2", "o2"]
+    ds = preference_dataset([Pair(history, "c", "r", "loop")], DPOSettings(window=1), tokenizer)
+    kept = [history[i] for i in (0, 1, 6, 7)]
+    assert ds[0]["prompt_ids"] == tokenizer.apply_chat_template(kept, add_generation_prompt=True)["input_ids"]
+    assert ds[0]["chosen_ids"] == tokenizer.encode("c<|im_end|>", add_special_tokens=False)
+
+
+def test_a_pair_trains_the_ids_an_episode_of_its_family_holds(tmp_path):
+    """The rows are the rollouts' renderer's: a thinking model's earlier reasoning stays in the prompt (TRL's training
+    template, where its own template would drop it), gpt-oss's replies are harmony messages ending on their stop
+    token (its template refuses channel tags in content)."""
+    from turnforge.formats.chat_template import chat_renderer
+    from turnforge.tiny_model import build_tiny_model
+
+    history = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "<think>\nR1\n</think>\n\nACTION: look"},
+               {"role": "user", "content": "You see a desk 1."}]
+    tokenizer = load_model(build_tiny_model(tmp_path / "thinking", family="qwen3_thinking"), device="cpu")[1]
+    (row,) = preference_dataset([Pair(history, "<think>\nR2\n</think>\n\nACTION: go", "x", "loop")], DPOSettings(),
+                                tokenizer)
+    assert "R1" in tokenizer.decode(row["prompt_ids"])
+    whole = tokenizer.apply_chat_template(
+        [*history, {"role": "assistant", "content": "<think>\nR2\n</think>\n\nACTION: go"}],
+        chat_template=chat_renderer(tokenizer).template)["input_ids"]
+    ids = row["prompt_ids"] + row["chosen_ids"]
+    assert whole[: len(ids)] == ids and tokenizer.decode(whole[len(ids):]) == "\n"  # the template's newline after <|im_end|>
+    tokenizer = load_model(build_tiny_model(tmp_path / "gptoss", family="gptoss"), device="cpu")[1]
+    history = [{"role": "user", "content": "task"}]
+    call = '<|channel|>commentary to=functions.act <|constrain|>json<|message|>{"action": "look"}'
+    (row,) = preference_dataset([Pair(history, call, "<|channel|>final<|message|>no", "loop")], DPOSettings(), tokenizer)
+    assert tokenizer.decode(row["chosen_ids"]) == call + "<|call|>"
+    assert tokenizer.decode(row["rejected_ids"]) == "<|channel|>final<|message|>no<|return|>"
+    assert tokenizer.decode(row["prompt_ids"]).endswith("<|start|>user<|message|>task<|end|><|start|>assistant")
 
 
 def test_bad_settings_and_no_pairs_are_clear_errors():
@@ -103,7 +133,7 @@ def test_bad_settings_and_no_pairs_are_clear_errors():
     with pytest.raises(ValueError, match="loss_type"):
         DPOSettings(loss_type="nope")
     with pytest.raises(ValueError, match="no pairs"):
-        preference_dataset([], DPOSettings())
+        preference_dataset([], DPOSettings(), None)
 
 
 # ---- the recipes, on the tiny model ------------------------------------------------------------------------------

