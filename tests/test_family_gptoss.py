@@ -9,16 +9,22 @@ import json
 import httpx
 import pytest
 from rich.console import Console
-from test_families import RECIPE, _changed
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from test_families import RECIPE, _changed
 from turnforge.envs.base import load_tasks, make_env, with_family_format
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
 from turnforge.formats.chat_template import chat_renderer, trl_chat_template
 from turnforge.formats.families import detect_family, get_family, visible_reply
-from turnforge.formats.harmony import HarmonyRenderer, assistant_reply, parse_reply, render_conversation, split_reply
+from turnforge.formats.harmony import (
+    HarmonyRenderer,
+    assistant_reply,
+    parse_reply,
+    render_conversation,
+    split_reply,
+)
 from turnforge.models import load_model
 from turnforge.pipeline import run_recipe
 from turnforge.policies.base import Generation, Prompt, SamplingParams

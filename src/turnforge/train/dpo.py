@@ -38,7 +38,6 @@ from turnforge.formats.chat_template import chat_renderer, window_messages
 from turnforge.models import load_model
 from turnforge.tiny_model import resolve_model
 from turnforge.train.lm_head import score_labelled_only
-from turnforge.train.trl_internals import TokenizedDPOTrainer
 from turnforge.train.runtime import (
     METRICS_FILE,
     MODEL_DIR,
@@ -51,6 +50,7 @@ from turnforge.train.runtime import (
 )
 from turnforge.train.settings import DPO_LOSS_TYPES as LOSS_TYPES
 from turnforge.train.settings import DPOSettings
+from turnforge.train.trl_internals import TokenizedDPOTrainer
 
 logger = logging.getLogger(__name__)
 
