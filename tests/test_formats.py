@@ -26,7 +26,8 @@ def assistant(content: str, **kw) -> Message:
 
 
 def test_registry_lists_every_format_and_builds_it_under_its_name():
-    assert list_formats() == ["act_line", "bfcl_python", "react", "react_sql", "tool_call", "tool_call:glm4", "tool_call:lfm2",
+    assert list_formats() == ["act_line", "bfcl_python", "react", "react_sql", "tool_call", "tool_call:gemma4",
+                              "tool_call:glm4", "tool_call:granite4", "tool_call:harmony", "tool_call:lfm2",
                               "tool_call:llama3", "tool_call:phi4_mini", "tool_call:qwen3_xml"]
     for name in list_formats():
         fmt = get_format(name)
