@@ -156,6 +156,20 @@ class FamilyExpertTokens:
                                                   chat_template=self.renderer.template)["input_ids"]
 
 
+def assert_token_exact(traj, reference: list[int]) -> list[int]:
+    """The episode's ids (prompt + per turn the generated ids and the observation delta) equal `reference`, and GRPO's
+    sequence trains exactly the sampled ids (reasoning included), and only them; returns the ids."""
+    ids = list(traj.prompt_ids)
+    for turn in traj.turns:
+        ids += turn.generated_ids + turn.observation_ids
+    assert ids == reference
+    prompt, completion, mask, _ = episode_sequence(traj, max_completion_length=len(ids))
+    assert prompt + completion == ids[: len(prompt) + len(completion)]
+    assert [t for t, m in zip(completion, mask, strict=True) if m] == [t for turn in traj.turns
+                                                                       for t in turn.generated_ids]
+    return ids
+
+
 @pytest.mark.parametrize(("family", "fmt"), [
     *((family, fmt) for family in TOOL_FAMILIES for fmt in ("act_line", "tool_call")), ("gemma3", "act_line")])
 def test_rollout_ids_are_the_family_templates_rendering(family_model_dir, family, fmt):
@@ -169,16 +183,8 @@ def test_rollout_ids_are_the_family_templates_rendering(family_model_dir, family
                          renderer=policy.renderer)
     for traj in trajs:
         assert traj.stop_reason is StopReason.success and len(traj.turns) >= 2
-        ids = list(traj.prompt_ids)
-        for turn in traj.turns:
-            ids += turn.generated_ids + turn.observation_ids
-        assert ids == policy.reference(traj.messages, traj.tools)
+        assert_token_exact(traj, policy.reference(traj.messages, traj.tools))
         assert all(turn.parse_ok for turn in traj.turns)
-        # what GRPO trains on: the sampled ids (reasoning included), and only them, in the rendered sequence
-        prompt, completion, mask, _ = episode_sequence(traj, max_completion_length=len(ids))
-        assert prompt + completion == ids[: len(prompt) + len(completion)]
-        assert [t for t, m in zip(completion, mask, strict=True) if m] == [t for turn in traj.turns
-                                                                           for t in turn.generated_ids]
 
 
 def test_a_thinking_template_renders_with_trls_training_variant_and_keeps_every_turns_reasoning(family_model_dir):
@@ -285,37 +291,57 @@ def _changed(before: Path, after: Path) -> list[str]:
     return [n for n, p in old.named_parameters() if not torch.equal(p, trained[n])]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_collects_trains_and_evaluates_in_its_own_format(family, tmp_path):
-    """`model = "tiny:FAMILY"` with `format = "tool_call"`: the expert demonstrates in the family's tool-call format,
-    SFT trains 2 steps and GRPO 2 steps on its model (every parameter changes), the eval plays it."""
-    recipe = tmp_path / "family.toml"
-    tools = family in TOOL_FAMILIES
-    recipe.write_text(RECIPE.format(family=family, format="tool_call" if tools else "act_line"))
+def run_family_recipe(tmp_path: Path, family: str, fmt: str, recipe: str | None = None) -> tuple[list[dict], dict]:
+    """Run `recipe` (RECIPE for `tiny:FAMILY` in `fmt` by default) and check what every family must give: 16 expert
+    episodes won, SFT changing the model, GRPO changing every parameter, the eval playing the family's format (a tool
+    format: its own, with its `tool_calls` block). Returns (the collected episodes, the eval's summary)."""
+    path = tmp_path / f"{family}.toml"
+    path.write_text(recipe or RECIPE.format(family=family, format=fmt))
     out = tmp_path / "run"
-    run_recipe(recipe, out, console=Console(quiet=True))
+    run_recipe(path, out, console=Console(quiet=True))
     stages = out / "stages"
     collected = [json.loads(line) for line in (stages / "01-collect" / "trajectories.jsonl").read_text().splitlines()]
     assert len(collected) == 16 and all(e["stop_reason"] == "success" for e in collected)
-    assert all(CALL_TEXT[family] in t["text"] for e in collected for t in e["turns"]) if tools else all(
-        t["text"].startswith("ACTION: ") for e in collected for t in e["turns"])
-    base = out / "models" / f"tiny-{family}"
-    assert _changed(base, stages / "02-sft" / "model")
+    assert _changed(out / "models" / f"tiny-{family}", stages / "02-sft" / "model")
     start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
     assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
     evaluated = json.loads((out / "eval" / "eval" / "summary.json").read_text())
-    if tools:
+    if fmt == "tool_call":
         assert evaluated["env_options"]["format"] == get_family(family).tool_format
         assert evaluated["tool_calls"]["format"] == get_family(family).tool_format
         assert evaluated["tool_calls"]["family"] == family
     else:
-        assert evaluated["env_options"]["format"] == "act_line" and "tool_calls" not in evaluated
+        assert evaluated["env_options"]["format"] == fmt and "tool_calls" not in evaluated
+    return collected, evaluated
+
+
+def assert_serves(served, body: dict) -> dict:
+    """`turnforge serve` over `served` answers the chat request `body` as an assistant message, streamed too; returns
+    the answer's message."""
+    from turnforge.policies.serve import running_server
+
+    with running_server(served) as url:
+        answer = httpx.post(f"{url}/chat/completions", json=body, timeout=120).json()
+        assert answer["choices"][0]["message"]["role"] == "assistant", answer
+        streamed = httpx.post(f"{url}/chat/completions", json={**body, "stream": True}, timeout=120).text
+        assert streamed.rstrip().endswith("data: [DONE]")
+    return answer["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_collects_trains_and_evaluates_in_its_own_format(family, tmp_path):
+    """`model = "tiny:FAMILY"` with `format = "tool_call"`: the expert demonstrates in the family's tool-call format,
+    SFT trains 2 steps and GRPO 2 steps on its model (every parameter changes), the eval plays it."""
+    tools = family in TOOL_FAMILIES
+    collected, _ = run_family_recipe(tmp_path, family, "tool_call" if tools else "act_line")
+    assert all(CALL_TEXT[family] in t["text"] for e in collected for t in e["turns"]) if tools else all(
+        t["text"].startswith("ACTION: ") for e in collected for t in e["turns"])
 
 
 def test_serve_answers_tool_calls_and_reasoning_in_the_models_family_format(family_model_dir):
     """`turnforge serve` over each family's tiny model: a chat request with `tools` answers (streamed too); the reply
     text is read in the family's tool-call format and a thinking model's reasoning comes apart."""
-    from turnforge.policies.serve import ServedModel, _reply, running_server
+    from turnforge.policies.serve import ServedModel, _reply
 
     lfm2 = get_family("lfm2")
     text = '<|tool_call_start|>[act(action="look")]<|tool_call_end|>'
@@ -331,10 +357,5 @@ def test_serve_answers_tool_calls_and_reasoning_in_the_models_family_format(fami
     for family in FAMILIES:
         served = ServedModel(str(family_model_dir(family)), name=family, device="cpu")
         assert served.tool_format.name == (get_family(family).tool_format or "tool_call")
-        with running_server(served) as url:
-            body = {"model": family, "messages": [{"role": "user", "content": "look around"}], "tools": tools,
-                    "max_tokens": 8, "temperature": 0}
-            answer = httpx.post(f"{url}/chat/completions", json=body, timeout=120).json()
-            assert answer["choices"][0]["message"]["role"] == "assistant", answer
-            streamed = httpx.post(f"{url}/chat/completions", json={**body, "stream": True}, timeout=120).text
-            assert streamed.rstrip().endswith("data: [DONE]")
+        assert_serves(served, {"model": family, "messages": [{"role": "user", "content": "look around"}],
+                               "tools": tools, "max_tokens": 8, "temperature": 0})

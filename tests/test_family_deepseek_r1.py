@@ -7,14 +7,10 @@ so text formats only; and `tiny:deepseek_r1` end to end: collect -> SFT 2 steps 
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import pytest
-from rich.console import Console
 from transformers import AutoTokenizer
 
-from test_families import RECIPE, FamilyExpertTokens, _changed
+from test_families import RECIPE, FamilyExpertTokens, assert_serves, assert_token_exact, run_family_recipe
 from turnforge.envs.base import load_tasks, make_env, with_family_format
 from turnforge.formats.chat_template import (
     ChatTemplateRenderer,
@@ -23,12 +19,9 @@ from turnforge.formats.chat_template import (
     trl_chat_template,
 )
 from turnforge.formats.families import detect_family, get_family, visible_reply
-from turnforge.models import load_model
-from turnforge.pipeline import run_recipe
 from turnforge.policies.base import Generation
 from turnforge.rollout import run_episodes
 from turnforge.tiny_model import build_tiny_model
-from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import Message, StopReason
 
 PROMPT_END = "<｜Assistant｜><think>\n"
@@ -124,44 +117,25 @@ def test_rollout_ids_are_the_training_templates_rendering_and_grpo_trains_the_sa
     for traj in trajs:
         assert traj.stop_reason is StopReason.success and len(traj.turns) >= 2  # the env never saw the reasoning
         assert all(turn.parse_ok and turn.text.startswith("I act.\n</think>\n\nACTION: ") for turn in traj.turns)
-        ids = list(traj.prompt_ids)
-        for turn in traj.turns:
-            ids += turn.generated_ids + turn.observation_ids
-        assert ids == policy.reference(traj.messages, traj.tools)
+        ids = assert_token_exact(traj, policy.reference(traj.messages, traj.tools))
         text = tokenizer.decode(ids)
         assert text.count("<｜Assistant｜><think>\nI act.\n</think>\n\nACTION: ") == len(traj.turns)  # every turn's kept
-        prompt, completion, mask, _ = episode_sequence(traj, max_completion_length=len(ids))
-        assert prompt + completion == ids[: len(prompt) + len(completion)]
-        assert [t for t, m in zip(completion, mask, strict=True) if m] == [t for turn in traj.turns
-                                                                           for t in turn.generated_ids]
 
 
 # ---- end to end ----------------------------------------------------------------------------------------------------
 
 def test_r1_distill_collects_trains_and_evaluates_in_act_line(tmp_path):
-    recipe = tmp_path / "r1.toml"
     # An R1 reply closes `</think>` before its action: a 2-step SFT model at the shared recipe's settings never ends a
     # turn within 24 tokens, so every GRPO group's episodes were equally long and equally unparsed (no advantage, no
     # update). A larger SFT step and room to end a turn give the groups lengths and format rewards that differ.
-    recipe.write_text(RECIPE.format(family="deepseek_r1", format="act_line")
-                      .replace("learning_rate = 1e-3", "learning_rate = 3e-2").replace("max_new_tokens = 24",
-                                                                                      "max_new_tokens = 64"))
-    out = tmp_path / "run"
-    run_recipe(recipe, out, console=Console(quiet=True))
-    stages = out / "stages"
-    collected = [json.loads(line) for line in (stages / "01-collect" / "trajectories.jsonl").read_text().splitlines()]
-    assert len(collected) == 16 and all(e["stop_reason"] == "success" for e in collected)
-    base = out / "models" / "tiny-deepseek_r1"
-    assert _changed(base, stages / "02-sft" / "model")
-    start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
-    assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
-    evaluated = json.loads((out / "eval" / "eval" / "summary.json").read_text())
-    assert evaluated["env_options"]["format"] == "act_line" and "tool_calls" not in evaluated
+    recipe = (RECIPE.format(family="deepseek_r1", format="act_line")
+              .replace("learning_rate = 1e-3", "learning_rate = 3e-2").replace("max_new_tokens = 24", "max_new_tokens = 64"))
+    run_family_recipe(tmp_path, "deepseek_r1", "act_line", recipe)
 
 
 def test_serve_answers_with_the_reasoning_apart(r1_dir):
     from turnforge.formats import get_format
-    from turnforge.policies.serve import ServedModel, _reply, running_server
+    from turnforge.policies.serve import ServedModel, _reply
 
     served = ServedModel(str(r1_dir), name="r1", device="cpu")
     assert served.family.name == "deepseek_r1" and served.family.prompt_reasoning is True
@@ -171,13 +145,8 @@ def test_serve_answers_with_the_reasoning_apart(r1_dir):
     message, _ = _reply(Generation(text="cut off while thinking", ids=[1], finish_reason="length"), [], False, False,
                         served.family, get_format("tool_call"))
     assert message["reasoning"] == "cut off while thinking" and message["content"] == ""
-    with running_server(served) as url:
-        body = {"model": "r1", "messages": [{"role": "user", "content": "look around"},
-                                            {"role": "assistant", "content": "ACTION: look", "reasoning": "I look."},
-                                            {"role": "user", "content": "You see a desk 1."}],
-                "max_tokens": 8, "temperature": 0}
-        answer = httpx.post(f"{url}/chat/completions", json=body, timeout=120).json()
-        assert answer["choices"][0]["message"]["role"] == "assistant", answer
-        assert "reasoning" in answer["choices"][0]["message"]
-        streamed = httpx.post(f"{url}/chat/completions", json={**body, "stream": True}, timeout=120).text
-        assert streamed.rstrip().endswith("data: [DONE]")
+    body = {"model": "r1", "messages": [{"role": "user", "content": "look around"},
+                                        {"role": "assistant", "content": "ACTION: look", "reasoning": "I look."},
+                                        {"role": "user", "content": "You see a desk 1."}],
+            "max_tokens": 8, "temperature": 0}
+    assert "reasoning" in assert_serves(served, body)

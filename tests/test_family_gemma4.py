@@ -5,15 +5,12 @@ header. Read from all five of TRL's Gemma 4 templates, token-exact, non-thinking
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
-import httpx
 import pytest
-from rich.console import Console
 from transformers import AutoTokenizer
 
-from test_families import RECIPE, _changed
+from test_families import assert_serves, assert_token_exact, run_family_recipe
 from turnforge.envs.base import load_tasks, make_env, with_family_format
 from turnforge.formats import get_format
 from turnforge.formats.chat_template import (
@@ -23,13 +20,10 @@ from turnforge.formats.chat_template import (
     trl_chat_template,
 )
 from turnforge.formats.families import detect_family, get_family
-from turnforge.models import load_model
-from turnforge.pipeline import run_recipe
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 from turnforge.tiny_model import build_tiny_model
-from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import Message, StopReason
 
 GEMMA4_TEMPLATES = ["gemma4.jinja", "gemma4_v2.jinja", "gemma4_v3.jinja", "gemma4_v4.jinja", "gemma4_v5.jinja"]
@@ -139,38 +133,19 @@ def test_rollout_ids_are_the_gemma4_templates_rendering_and_grpo_trains_the_samp
     for traj in trajs:
         assert traj.stop_reason is StopReason.success and len(traj.turns) >= 2
         assert all(turn.parse_ok for turn in traj.turns)
-        ids = list(traj.prompt_ids)
-        for turn in traj.turns:
-            ids += turn.generated_ids + turn.observation_ids
-        assert ids == policy.reference(traj.messages, traj.tools)
+        ids = assert_token_exact(traj, policy.reference(traj.messages, traj.tools))
         # with tool calls the whole episode is one model turn: calls and responses, no header after the first
         assert gemma4.decode(ids).count("<|turn>model") == (1 if fmt == "tool_call" else len(traj.turns) + 1)
-        prompt, completion, mask, _ = episode_sequence(traj, max_completion_length=len(ids))
-        assert prompt + completion == ids[: len(prompt) + len(completion)]
-        assert [t for t, m in zip(completion, mask, strict=True) if m] == [t for turn in traj.turns
-                                                                           for t in turn.generated_ids]
 
 
 def test_gemma4_collects_trains_and_evaluates_in_its_own_format(tmp_path):
-    recipe = tmp_path / "gemma4.toml"
-    recipe.write_text(RECIPE.format(family="gemma4", format="tool_call"))
-    out = tmp_path / "run"
-    run_recipe(recipe, out, console=Console(quiet=True))
-    stages = out / "stages"
-    collected = [json.loads(line) for line in (stages / "01-collect" / "trajectories.jsonl").read_text().splitlines()]
-    assert len(collected) == 16 and all(e["stop_reason"] == "success" for e in collected)
+    collected, evaluated = run_family_recipe(tmp_path, "gemma4", "tool_call")
     assert all(t["text"].startswith('<|tool_call>call:act{action:<|"|>') for e in collected for t in e["turns"])
-    base = out / "models" / "tiny-gemma4"
-    assert _changed(base, stages / "02-sft" / "model")
-    start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
-    assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
-    evaluated = json.loads((out / "eval" / "eval" / "summary.json").read_text())
-    assert evaluated["env_options"]["format"] == "tool_call:gemma4"
-    assert evaluated["tool_calls"]["format"] == "tool_call:gemma4" and evaluated["tool_calls"]["family"] == "gemma4"
+    assert evaluated["tool_calls"]["format"] == "tool_call:gemma4"
 
 
 def test_serve_answers_gemma4_calls_with_tool_results_in_the_history(gemma4_dir):
-    from turnforge.policies.serve import ServedModel, _reply, running_server
+    from turnforge.policies.serve import ServedModel, _reply
 
     message, finish = _reply(Generation(text=CALL, ids=[1]), [], True, False, get_family("gemma4"),
                              get_format("tool_call:gemma4"))
@@ -183,9 +158,4 @@ def test_serve_answers_gemma4_calls_with_tool_results_in_the_history(gemma4_dir)
     call = {"id": "c1", "type": "function", "function": {"name": "act", "arguments": '{"action": "look"}'}}
     history = [{"role": "user", "content": "look around"}, {"role": "assistant", "content": None, "tool_calls": [call]},
                {"role": "tool", "tool_call_id": "c1", "content": "You see a desk 1."}]
-    with running_server(served) as url:
-        body = {"model": "gemma4", "messages": history, "tools": tools, "max_tokens": 8, "temperature": 0}
-        answer = httpx.post(f"{url}/chat/completions", json=body, timeout=120).json()
-        assert answer["choices"][0]["message"]["role"] == "assistant", answer
-        streamed = httpx.post(f"{url}/chat/completions", json={**body, "stream": True}, timeout=120).text
-        assert streamed.rstrip().endswith("data: [DONE]")
+    assert_serves(served, {"model": "gemma4", "messages": history, "tools": tools, "max_tokens": 8, "temperature": 0})

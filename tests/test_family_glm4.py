@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
-from rich.console import Console
 from transformers import AutoTokenizer
 
-from test_families import RECIPE, _changed
+from test_families import RECIPE, assert_serves, assert_token_exact, run_family_recipe
 from turnforge.envs.base import load_tasks, make_env, with_family_format
 from turnforge.formats.chat_template import ChatTemplateRenderer, template_name, trl_chat_template
 from turnforge.formats.families import detect_family, get_family
-from turnforge.models import load_model
-from turnforge.pipeline import run_recipe
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 from turnforge.tiny_model import build_tiny_model
-from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import Message, StopReason
 
 CALL = "<tool_call>act\n<arg_key>action</arg_key>\n<arg_value>look</arg_value>\n</tool_call>"
@@ -127,12 +122,7 @@ def test_rollout_ids_are_glms_rendering(glm4, fmt, reasoning):
     for traj in trajs:
         assert traj.stop_reason is StopReason.success and len(traj.turns) >= 2
         assert all(turn.parse_ok for turn in traj.turns)
-        ids = _episode_ids(traj)
-        assert ids == policy.reference(traj.messages, traj.tools)
-        prompt, completion, mask, _ = episode_sequence(traj, max_completion_length=len(ids))
-        assert prompt + completion == ids[: len(prompt) + len(completion)]
-        assert [t for t, m in zip(completion, mask, strict=True) if m] == [t for turn in traj.turns
-                                                                           for t in turn.generated_ids]
+        assert_token_exact(traj, policy.reference(traj.messages, traj.tools))
 
 
 def test_reasoning_before_a_user_observation_stays_in_the_ids_though_glms_template_hides_it(glm4):
@@ -151,23 +141,13 @@ def test_reasoning_before_a_user_observation_stays_in_the_ids_though_glms_templa
 def test_glm4_collects_trains_and_evaluates_in_its_own_format(tmp_path):
     """`model = "tiny:glm4"`, `format = "tool_call"`: the expert demonstrates in GLM's `<arg_key>` calls, SFT 2 steps,
     GRPO 2 steps (every parameter changes), the eval plays tool_call:glm4."""
-    recipe = tmp_path / "glm4.toml"
     # A 2-step SFT model writes noise; the episodes' lengths differ within a group only where a sample stops on one of
     # its end tokens, which 24 tokens a turn gave none of tiny:glm4's 12 episodes: 64 gives room.
-    recipe.write_text(RECIPE.format(family="glm4", format="tool_call").replace("max_new_tokens = 24", "max_new_tokens = 64"))
-    out = tmp_path / "run"
-    run_recipe(recipe, out, console=Console(quiet=True))
-    stages = out / "stages"
-    collected = [json.loads(line) for line in (stages / "01-collect" / "trajectories.jsonl").read_text().splitlines()]
-    assert len(collected) == 16 and all(e["stop_reason"] == "success" for e in collected)
+    recipe = RECIPE.format(family="glm4", format="tool_call").replace("max_new_tokens = 24", "max_new_tokens = 64")
+    collected, evaluated = run_family_recipe(tmp_path, "glm4", "tool_call", recipe)
     assert all("<tool_call>act\n<arg_key>action</arg_key>\n<arg_value>" in t["text"] for e in collected
                for t in e["turns"])
-    assert _changed(out / "models" / "tiny-glm4", stages / "02-sft" / "model")
-    start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
-    assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
-    evaluated = json.loads((out / "eval" / "eval" / "summary.json").read_text())
-    assert evaluated["env_options"]["format"] == "tool_call:glm4"
-    assert evaluated["tool_calls"]["format"] == "tool_call:glm4" and evaluated["tool_calls"]["family"] == "glm4"
+    assert evaluated["tool_calls"]["format"] == "tool_call:glm4"
 
 
 def test_serve_answers_glms_tool_calls_and_reasoning(glm4_dir):
@@ -175,7 +155,7 @@ def test_serve_answers_glms_tool_calls_and_reasoning(glm4_dir):
     its reasoning comes apart; a chat request with `tools` answers, streamed too."""
     from turnforge.formats import get_format
     from turnforge.formats.base import bind_tools
-    from turnforge.policies.serve import ServedModel, _reply, running_server
+    from turnforge.policies.serve import ServedModel, _reply
 
     tools = [{"type": "function", "function": {"name": "act", "parameters": {
         "type": "object", "properties": {"action": {"type": "string"}, "n": {"type": "integer"}}}}}]
@@ -187,10 +167,5 @@ def test_serve_answers_glms_tool_calls_and_reasoning(glm4_dir):
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"action": "look", "n": 2}
     served = ServedModel(str(glm4_dir), name="glm4", device="cpu")
     assert served.family.name == "glm4" and served.tool_format.name == "tool_call:glm4"
-    with running_server(served) as url:
-        body = {"model": "glm4", "messages": [{"role": "user", "content": "look around"}], "tools": tools,
-                "max_tokens": 8, "temperature": 0}
-        answer = httpx.post(f"{url}/chat/completions", json=body, timeout=120).json()
-        assert answer["choices"][0]["message"]["role"] == "assistant", answer
-        streamed = httpx.post(f"{url}/chat/completions", json={**body, "stream": True}, timeout=120).text
-        assert streamed.rstrip().endswith("data: [DONE]")
+    assert_serves(served, {"model": "glm4", "messages": [{"role": "user", "content": "look around"}], "tools": tools,
+                           "max_tokens": 8, "temperature": 0})

@@ -4,15 +4,11 @@ analysis channel kept and trained but never sent to the env, episodes token-exac
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import pytest
-from rich.console import Console
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from test_families import RECIPE, _changed
+from test_families import assert_serves, assert_token_exact, run_family_recipe
 from turnforge.envs.base import load_tasks, make_env, with_family_format
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -25,13 +21,10 @@ from turnforge.formats.harmony import (
     render_conversation,
     split_reply,
 )
-from turnforge.models import load_model
-from turnforge.pipeline import run_recipe
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
 from turnforge.tiny_model import build_tiny_model
-from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import Message, StopReason, ToolCall
 
 CALL = '<|channel|>commentary to=functions.act <|constrain|>json<|message|>{"action": "look"}'
@@ -211,40 +204,21 @@ def test_rollout_ids_are_the_renderers_rendering_and_grpo_trains_the_sampled_ids
     for traj in trajs:
         assert traj.stop_reason is StopReason.success and len(traj.turns) >= 2  # the env never saw the analysis
         assert all(turn.parse_ok for turn in traj.turns)
-        ids = list(traj.prompt_ids)
-        for turn in traj.turns:
-            ids += turn.generated_ids + turn.observation_ids
-        assert ids == policy.reference(traj.messages, traj.tools)
+        ids = assert_token_exact(traj, policy.reference(traj.messages, traj.tools))
         assert "I act." in tokenizer.decode(ids)  # every turn's analysis stays in the context
-        prompt, completion, mask, _ = episode_sequence(traj, max_completion_length=len(ids))
-        assert prompt + completion == ids[: len(prompt) + len(completion)]
-        assert [t for t, m in zip(completion, mask, strict=True) if m] == [t for turn in traj.turns
-                                                                           for t in turn.generated_ids]
 
 
 # ---- end to end ---------------------------------------------------------------------------------------------------
 
 def test_gpt_oss_collects_trains_and_evaluates_in_its_own_format(tmp_path):
-    recipe = tmp_path / "gptoss.toml"
-    recipe.write_text(RECIPE.format(family="gptoss", format="tool_call"))
-    out = tmp_path / "run"
-    run_recipe(recipe, out, console=Console(quiet=True))
-    stages = out / "stages"
-    collected = [json.loads(line) for line in (stages / "01-collect" / "trajectories.jsonl").read_text().splitlines()]
-    assert len(collected) == 16 and all(e["stop_reason"] == "success" for e in collected)
+    collected, evaluated = run_family_recipe(tmp_path, "gptoss", "tool_call")
     assert all("<|channel|>commentary to=functions.act <|constrain|>json<|message|>" in t["text"]
                for e in collected for t in e["turns"])
-    base = out / "models" / "tiny-gptoss"
-    assert _changed(base, stages / "02-sft" / "model")
-    start, grpo = stages / "02-sft" / "model", stages / "03-grpo" / "model"
-    assert _changed(start, grpo) == [n for n, _ in load_model(str(start), device="cpu")[0].named_parameters()]
-    evaluated = json.loads((out / "eval" / "eval" / "summary.json").read_text())
-    assert evaluated["env_options"]["format"] == "tool_call:harmony"
-    assert evaluated["tool_calls"]["format"] == "tool_call:harmony" and evaluated["tool_calls"]["family"] == "gptoss"
+    assert evaluated["tool_calls"]["format"] == "tool_call:harmony"
 
 
 def test_serve_answers_gpt_oss_calls_and_reasoning(gptoss_dir):
-    from turnforge.policies.serve import ServedModel, _reply, running_server
+    from turnforge.policies.serve import ServedModel, _reply
 
     family = get_family("gptoss")
     message, finish = _reply(Generation(text=THINK + CALL, ids=[1]), [], True, False, family,
@@ -258,10 +232,5 @@ def test_serve_answers_gpt_oss_calls_and_reasoning(gptoss_dir):
     assert served.tool_format.name == "tool_call:harmony"
     tools = [{"type": "function", "function": {"name": "act", "description": "Act.", "parameters": {
         "type": "object", "properties": {"action": {"type": "string"}}}}}]  # gpt-oss's template needs a description
-    with running_server(served) as url:
-        body = {"model": "gptoss", "messages": [{"role": "user", "content": "look around"}], "tools": tools,
-                "max_tokens": 8, "temperature": 0}
-        answer = httpx.post(f"{url}/chat/completions", json=body, timeout=120).json()
-        assert answer["choices"][0]["message"]["role"] == "assistant", answer
-        streamed = httpx.post(f"{url}/chat/completions", json={**body, "stream": True}, timeout=120).text
-        assert streamed.rstrip().endswith("data: [DONE]")
+    assert_serves(served, {"model": "gptoss", "messages": [{"role": "user", "content": "look around"}], "tools": tools,
+                           "max_tokens": 8, "temperature": 0})
