@@ -230,10 +230,10 @@ class HarmonyRenderer:
         """The reply's stop token where the generation lacks it (cut by length or a stop string), then the new
         messages and the next generation prompt: every harmony message starts at `<|start|>`, so the delta does not
         depend on the reply's text."""
-        text, end = assistant_reply(_as_dict(messages[-1]))
+        reply = _as_dict(messages[-1])
         stopped = bool(generated_ids) and generated_ids[-1] in self.end_ids.values()
-        tail = render_tail([_as_dict(m) for m in new_messages], called(_as_dict(messages[-1])))
-        return self._encode(("" if stopped else end) + tail + GENERATION_PROMPT)
+        end = "" if stopped else assistant_reply(reply)[1]
+        return self._encode(end + render_tail([_as_dict(m) for m in new_messages], called(reply)) + GENERATION_PROMPT)
 
     def completion_ids(self, messages: Sequence[Message | dict[str, Any]], tools: list[dict] | None,
                        following: Sequence[Message | dict[str, Any]] = ()) -> list[int]:

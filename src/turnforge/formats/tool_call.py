@@ -156,11 +156,22 @@ class LenientParsing:
         return parsed.result
 
 
+def tools_section(tools: list[dict] | None, header: str, instructions: str) -> str:
+    """A `<tools>` section as Hermes-style templates write it (Qwen3's, Qwen3.5's, Granite 4.0's words differ): the
+    header, one JSON line per tool, `</tools>`, then how to call; the call instructions alone without tools."""
+    if tools is None:
+        return instructions
+    listed = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return f"{header}{listed}\n</tools>\n\n{instructions}"
+
+
 class ToolCallFormat(LenientParsing, ToolActions):
     """Free text, then one or more `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks."""
 
     name = "tool_call"
     call_marker = OPEN  # text without it holds no call attempt (PlainTextEndsTurn)
+    tools_header, call_instructions = _TOOLS_HEADER, _CALL_INSTRUCTIONS
+    """The template's words around the tools (a family writing the same calls has its own: Granite 4.0's)."""
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         """Qwen3's own tool section when `tools` (JSON schemas) are given, else just the call format.
@@ -168,10 +179,7 @@ class ToolCallFormat(LenientParsing, ToolActions):
         Use it for models prompted as text; with a real tokenizer pass `tools=` to its chat template
         instead, which writes this same section, so the tools are not listed twice.
         """
-        if tools is None:
-            return _CALL_INSTRUCTIONS
-        listed = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
-        return f"{_TOOLS_HEADER}{listed}\n</tools>\n\n{_CALL_INSTRUCTIONS}"
+        return tools_section(tools, self.tools_header, self.call_instructions)
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         fixes: list[str] = []

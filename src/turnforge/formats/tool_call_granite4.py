@@ -92,13 +92,7 @@ class Granite4ToolCallFormat(ToolCallFormat):
     """Free text, then `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, each one well formed."""
 
     name = "tool_call:granite4"
-
-    def system_prompt(self, tools: list[dict] | None = None) -> str:
-        """Granite 4.0's own tool section when `tools` are given (its template's words), else just the call format."""
-        if tools is None:
-            return _CALL_INSTRUCTIONS
-        listed = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
-        return f"{_TOOLS_HEADER}{listed}\n</tools>\n\n{_CALL_INSTRUCTIONS}"
+    tools_header, call_instructions = _TOOLS_HEADER, _CALL_INSTRUCTIONS  # Granite 4.0's template's words
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         blocks = _blocks(text)

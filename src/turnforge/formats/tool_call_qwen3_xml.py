@@ -51,7 +51,7 @@ from typing import Any
 
 from turnforge.formats.base import FormatError, ToolActions
 from turnforge.formats.schema_values import SchemaTyped, tool_properties, typed_value
-from turnforge.formats.tool_call import LenientParsing, ToolCallParse
+from turnforge.formats.tool_call import LenientParsing, ToolCallParse, tools_section
 from turnforge.types import Message, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -194,10 +194,7 @@ class Qwen3XmlToolCallFormat(SchemaTyped, LenientParsing, ToolActions):
 
     def system_prompt(self, tools: list[dict] | None = None) -> str:
         """Qwen3.5's own tool section when `tools` are given (its template's words), else just the call format."""
-        if tools is None:
-            return _CALL_INSTRUCTIONS
-        listed = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
-        return f"{_TOOLS_HEADER}{listed}\n</tools>\n\n{_CALL_INSTRUCTIONS}"
+        return tools_section(tools, _TOOLS_HEADER, _CALL_INSTRUCTIONS)
 
     def parse_lenient(self, text: str) -> ToolCallParse:
         found = _scan(text)

@@ -70,10 +70,10 @@ def preference_dataset(pairs: list[Pair], settings: DPOSettings, tokenizer) -> d
     rows = []
     for pair in pairs:
         history = window_messages(pair.messages, settings.window)
-        reply = lambda text, history=history: [*history, {"role": "assistant", "content": text}]  # noqa: E731
-        rows.append({"prompt_ids": renderer.prompt_ids(history, pair.tools),
-                     "chosen_ids": renderer.completion_ids(reply(pair.chosen), pair.tools),
-                     "rejected_ids": renderer.completion_ids(reply(pair.rejected), pair.tools)})
+        row = {"prompt_ids": renderer.prompt_ids(history, pair.tools)}
+        for key, text in (("chosen_ids", pair.chosen), ("rejected_ids", pair.rejected)):
+            row[key] = renderer.completion_ids([*history, {"role": "assistant", "content": text}], pair.tools)
+        rows.append(row)
     return datasets.Dataset.from_list(rows)
 
 
