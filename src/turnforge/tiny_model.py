@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
-from turnforge.formats.chat_template import template_messages, trl_chat_template
+from turnforge.formats.chat_template import OWN_TEMPLATES, template_messages, trl_chat_template
 from turnforge.formats.families import Family, get_family, is_tiny, model_family
 from turnforge.formats.harmony import render_conversation
 from turnforge.policies.scripted import ExpertPolicy
@@ -125,7 +125,7 @@ def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str 
         tokenizer.save_pretrained(staging)
         (staging / "turnforge_tiny.json").write_text(
             json.dumps({"envs": [{"env": env, "options": options} for env, options in sources], "size": size,
-                        "seed": seed, "family": family, "chat_template": f"trl/chat_templates/{chosen.template}",
+                        "seed": seed, "family": family, "chat_template": chosen.template if chosen.template.startswith(OWN_TEMPLATES) else f"trl/chat_templates/{chosen.template}",
                         "parameters": model.num_parameters()}, indent=2) + "\n"
         )
         if out_dir.exists():

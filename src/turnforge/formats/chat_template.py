@@ -445,11 +445,18 @@ def trl_template_names() -> dict[str, str]:
 
 
 def trl_chat_template(name: str) -> str:
-    """The text of TRL's `chat_templates/NAME` (e.g. "qwen3_instruct_2507.jinja"), read from the installed trl."""
-    path = resources.files("trl").joinpath("chat_templates", name)
+    """The text of TRL's `chat_templates/NAME` (e.g. "qwen3_instruct_2507.jinja"), read from the installed trl, or of
+    turnforge's own `formats/templates/X` for NAME "turnforge/X": a family's template where TRL ships none."""
+    package, folder, file = ("turnforge.formats", "templates", name.removeprefix(OWN_TEMPLATES)) \
+        if name.startswith(OWN_TEMPLATES) else ("trl", "chat_templates", name)
+    path = resources.files(package).joinpath(folder, file)
     if not path.is_file():
-        raise ValueError(f"trl ships no chat template {name!r}; see {resources.files('trl') / 'chat_templates'}")
+        raise ValueError(f"no chat template {name!r}; see {resources.files(package) / folder}")
     return path.read_text(encoding="utf-8")
+
+
+OWN_TEMPLATES = "turnforge/"
+"""The prefix of a family's `template` that is turnforge's (`formats/templates/`), not TRL's."""
 
 
 def check_renders_tools(tokenizer: PreTrainedTokenizerBase, template: str | None = None) -> None:

@@ -95,7 +95,8 @@ class Family:
 
     name: str
     template: str
-    """TRL's copy of the family's own chat template (`trl/chat_templates/NAME`): a `tiny:FAMILY` model's template."""
+    """TRL's copy of the family's own chat template (`trl/chat_templates/NAME`), or turnforge's rendition of it
+    ("turnforge/NAME": `formats/templates/NAME`) where TRL ships none: a `tiny:FAMILY` model's template."""
     markers: tuple[str, ...]
     """Text only this family's templates contain; all of them must be there."""
     tool_format: str | None
