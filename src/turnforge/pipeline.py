@@ -160,6 +160,8 @@ def stage_inputs(recipe: Recipe, index: int, hashes: dict[str, str]) -> dict[str
         source = recipe.model_source(index)
         if source is None:
             fields = {"name"} if isinstance(stage, TrainStage) else {"name", "dtype"}
+            if recipe.model.family is not None:  # out of the hash unset: runs made before it keep their stages
+                fields.add("family")
             inputs["model"] = recipe.model.model_dump(mode="json", include=fields)
         else:
             reads.append(source)

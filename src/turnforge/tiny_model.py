@@ -136,12 +136,25 @@ def build_tiny_model(out_dir: str | Path, envs: TinyEnvs = HOUSEHOLD, size: str 
     return out_dir
 
 
-def resolve_model(spec: str, cache_dir: Path, envs: TinyEnvs = HOUSEHOLD) -> str:
+def resolve_model(spec: str, cache_dir: Path, envs: TinyEnvs = HOUSEHOLD, family: str | None = None) -> str:
     """"tiny" -> `cache_dir/tiny` ("tiny:FAMILY" -> `cache_dir/tiny-FAMILY`), built there first (for `envs`) when
     absent; any other spec (path or Hub id) unchanged. A tiny model already there is kept: the stages of its run were
-    trained with its tokenizer."""
+    trained with its tokenizer.
+
+    `family` (a recipe's `[model] family`): "tiny" is that family's tiny model; a model whose template reads as
+    another family, or has none, resolves to `cache_dir/NAME-as-FAMILY`, links to its files with a template naming the
+    family (`models.loading.family_folder`)."""
+    if family is not None and not is_tiny(spec):
+        from turnforge.models.loading import family_folder
+
+        return family_folder(spec, get_family(family), cache_dir)
     if not is_tiny(spec):
         return spec
+    if family is not None and model_family(spec).name != family:
+        if spec != TINY:
+            raise ValueError(f"[model] name {spec!r} is a tiny {model_family(spec).name} model, not of family {family!r}: "
+                             f'name "{TINY}:{family}", or leave family out')
+        spec = f"{TINY}:{family}"
     family = model_family(spec).name
     path = Path(cache_dir) / (TINY if spec == TINY else f"{TINY}-{family}")
     if not (path / "config.json").is_file():

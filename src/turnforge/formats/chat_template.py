@@ -371,7 +371,8 @@ def check_prefix_preserving(tokenizer: PreTrainedTokenizerBase, family: Family |
     """
     name = template_name(tokenizer, template)
     if not (template or tokenizer.chat_template):
-        raise ValueError(f"{name}: the tokenizer has no chat template; set tokenizer.chat_template first")
+        raise ValueError(f"{name}: the tokenizer has no chat template; name the model's family in the recipe "
+                         f"([model] family = \"qwen3\"...: it gives the family's template) or set tokenizer.chat_template")
     ends = turn_ends(tokenizer, family)
     for end in ends:
         if end is None or end not in tokenizer.get_added_vocab():

@@ -10,13 +10,14 @@ their reasoning), TRL's prefix-preserving training variant of it, which the toke
     get_family("qwen3_thinking").reasoning          # ("<think>", "</think>")
 
 The family is read from the template itself (markers only that family's template writes), so a fine-tuned model keeps
-its base model's family; a recipe names a family's tool format itself where the template is of no known family
-(`format = "tool_call:llama3"`). `tiny:FAMILY` builds an offline tiny model with the family's template and special
+its base model's family; a recipe names the family where the template reads as none or another (`[model] family`:
+`named_template`). `tiny:FAMILY` builds an offline tiny model with the family's template and special
 tokens (`turnforge.tiny_model`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 QWEN3_TOKENS: tuple[tuple[str, bool], ...] = (
@@ -262,11 +263,26 @@ def get_family(name: str) -> Family:
         raise ValueError(f"unknown model family {name!r}; choose one of: {', '.join(list_families())}") from None
 
 
+FAMILY_TAG = re.compile(r"\A\{# turnforge family: (\w+) #\}")
+"""The Jinja comment (it renders nothing, and touches no whitespace around it) a template starts with when a recipe
+named its family (`named_template`)."""
+
+
+def named_template(template: str, family: Family) -> str:
+    """`template` naming `family` at its start, which `detect_family` reads before any marker: a recipe's `[model]
+    family`, kept by every tokenizer loaded from it and every model saved from those (`tiny_model.resolve_model`)."""
+    return f"{{# turnforge family: {family.name} #}}" + FAMILY_TAG.sub("", template)
+
+
 def detect_family(template: str | None) -> Family | None:
-    """The family whose markers the chat template contains, or None (a template turnforge knows no family of: its
-    tool calls are read as Qwen3 / Hermes blocks, the format most open models were tuned on)."""
+    """The family the template names (`named_template`), else the one whose markers it contains, else None (a
+    template turnforge knows no family of: its tool calls are read as Qwen3 / Hermes blocks, the format most open
+    models were tuned on)."""
     if not template:
         return None
+    named = FAMILY_TAG.match(template)
+    if named:
+        return get_family(named.group(1))
     for name in _DETECT_ORDER:
         family = FAMILIES[name]
         if all(marker in template for marker in family.markers):
@@ -311,4 +327,5 @@ def accepts_format(name: str, choices: tuple[str, ...]) -> bool:
     return name in choices or ("tool_call" in choices and name.startswith("tool_call:"))
 
 
-__all__ = ["FAMILIES", "Family", "accepts_format", "check_tool_format", "detect_family", "get_family", "is_tiny", "list_families", "model_family", "visible_reply"]
+__all__ = ["FAMILIES", "Family", "accepts_format", "check_tool_format", "detect_family", "get_family", "is_tiny", "list_families",
+           "model_family", "named_template", "visible_reply"]

@@ -11,6 +11,9 @@ itself: its base model is loaded and the adapter put on top.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
     import peft
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from turnforge.formats.families import Family
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -169,6 +174,55 @@ def looks_local(spec: str) -> bool:
 
 def _has_tokenizer(folder: Path) -> bool:
     return (folder / "tokenizer_config.json").is_file()
+
+
+def family_folder(spec: str, family: Family, out_dir: str | Path) -> str:
+    """`spec` (a local folder or Hub id) read as `family`: `spec` itself where its chat template already reads as it,
+    else `out_dir/NAME-as-FAMILY`, rebuilt: links to each of its files, and its tokenizer saved with its template (the
+    family's, where it has none) naming the family (`families.named_template`), so that every process and engine
+    loading it, and every model trained from it, reads the family. `turnforge_family.json` there says what it was."""
+    from transformers import AutoTokenizer
+
+    from turnforge.formats.chat_template import trl_chat_template
+    from turnforge.formats.families import detect_family, named_template
+
+    check_model_folder(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec)
+        read_as = detect_family(tokenizer.chat_template)
+        if read_as is not None and read_as.name == family.name:
+            return spec
+        if looks_local(spec):
+            source = Path(spec).expanduser()
+        else:
+            from huggingface_hub import snapshot_download
+
+            source = Path(snapshot_download(spec))
+    except OSError as e:
+        raise FileNotFoundError(f"cannot load model {spec!r}: {e}\n{_WHAT_TO_GIVE}") from e
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folder = out_dir / f"{source.resolve().name}-as-{family.name}"
+    own = tokenizer.chat_template
+    tokenizer.chat_template = named_template(own or trl_chat_template(family.template), family)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=out_dir))
+    try:
+        tokenizer.save_pretrained(staging)  # first: no tokenizer file may be written through a link into `source`
+        for item in source.iterdir():
+            if not (staging / item.name).exists() and not item.name.startswith("."):
+                (staging / item.name).symlink_to(item.resolve())
+        (staging / FAMILY_FILE).write_text(json.dumps({
+            "model": spec, "family": family.name, "template_read_as": read_as and read_as.name,
+            "template": "its own" if own else f"the family's ({family.template})"}, indent=2) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(folder)
+
+
+FAMILY_FILE = "turnforge_family.json"
 
 
 def merge_and_save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:

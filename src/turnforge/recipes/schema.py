@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from turnforge.formats.families import get_family
 from turnforge.stages.config import Table
 
 
@@ -26,6 +27,18 @@ class ModelConfig(Table):
     """"auto" (CUDA when present), "cpu", "cuda", "cuda:1", ... for generation (hf rollouts)."""
     lora: dict[str, Any] | None = None
     """Default LoRA (the fields of `turnforge.models.LoraSpec`) for training stages that set none."""
+    family: str | None = None
+    """The model's family (`turnforge.formats.families`: its tool-call format, reasoning tags, turn ends); None: read
+    from its chat template. Named, it holds where the template reads as no family or another one (a fine-tuned
+    model's own template), and gives a model without a chat template the family's: the run's base model is then a
+    folder of links to it whose template names the family (OUT/models/NAME-as-FAMILY, `tiny_model.resolve_model`)."""
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, family: str | None) -> str | None:
+        if family is not None:
+            get_family(family)  # an unknown name is one line listing the families
+        return family
 
 
 class EnvConfig(Table):

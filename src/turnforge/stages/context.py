@@ -22,6 +22,7 @@ class BaseModelTable(Protocol):
     """`[model]` as a stage reads it (`turnforge.recipes.schema.ModelConfig`)."""
 
     name: str
+    family: str | None
     dtype: str
     device: str
     lora: dict[str, Any] | None
@@ -86,10 +87,12 @@ class RunContext:
 
     def base_model(self) -> ModelRef:
         """[model] name, resolved once: "tiny" is built into OUT/models/tiny (no download) for the recipe's envs,
-        others pass through."""
+        others pass through, or, where [model] family names another family than its template's, through a folder
+        whose template names it (`resolve_model`)."""
         if self._base is None:
             started = time.perf_counter()
-            self._base = ModelRef(resolve_model(self.recipe.model.name, self.out_dir / MODELS_DIR, self.recipe.envs()))
+            model = self.recipe.model
+            self._base = ModelRef(resolve_model(model.name, self.out_dir / MODELS_DIR, self.recipe.envs(), model.family))
             self.base_build_s = time.perf_counter() - started
         return self._base
 
