@@ -31,10 +31,10 @@ from turnforge.tiny_model import build_tiny_model
 from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import Message, StopReason
 
-TOOL_FAMILIES = ["qwen3_thinking", "qwen3_5", "llama3", "lfm2"]
-FAMILIES = [*TOOL_FAMILIES, "gemma3"]
-"""The families beside the quickstart's qwen3 (tested everywhere else) that have a tiny model; Gemma 3's template
-renders no tools, so it plays text formats only."""
+TOOL_FAMILIES = ["qwen3_thinking", "qwen3_5", "llama3", "lfm2", "granite4", "smollm3"]
+FAMILIES = [*TOOL_FAMILIES, "gemma3", "phi3"]
+"""The families beside the quickstart's qwen3 (tested everywhere else) that have a tiny model; Gemma 3's and Phi-3.5's
+templates render no tools, so they play text formats only."""
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +55,9 @@ def family_model_dir(tmp_path_factory):
     ("qwen3_instruct_2507.jinja", "qwen3"), ("qwen2_5.jinja", "qwen3"), ("qwen3.jinja", "qwen3_thinking"),
     ("qwen3_5_think.jinja", "qwen3_5"), ("qwen3_5_nothink.jinja", "qwen3_5"), ("qwen3_6.jinja", "qwen3_5"),
     ("qwen3_training.jinja", "qwen3_thinking"), ("llama3_2.jinja", "llama3"), ("llama3_1.jinja", "llama3"),
-    ("lfm2.jinja", "lfm2"), ("gemma3.jinja", "gemma3"), ("phi3_5.jinja", None),
+    ("lfm2.jinja", "lfm2"), ("gemma3.jinja", "gemma3"), ("phi3_5.jinja", "phi3"),
+    ("phi3.jinja", "phi3"),
+    ("turnforge/granite4.jinja", "granite4"), ("turnforge/smollm3.jinja", "smollm3"),
 ])
 def test_the_family_is_read_from_the_template(template, family):
     found = detect_family(trl_chat_template(template))
@@ -140,6 +142,7 @@ class FamilyExpertTokens:
         self.tokenizer = tokenizer
         self.renderer = ChatTemplateRenderer(tokenizer)
         self.expert = ExpertPolicy()
+        self.end_id = self.renderer.turn_end_ids[self.renderer.turn_ends[0]]  # the eos, or Phi-3.5's <|end|>
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         for p in prompts:
@@ -147,7 +150,7 @@ class FamilyExpertTokens:
         out = []
         for g in self.expert.generate(prompts, params):
             text = self.renderer.family.probe_reply(g.text)  # "<think>\nI act.\n</think>\n\n" + the action
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]
             out.append(Generation(text, ids, [0.0] * len(ids), "stop"))
         return out
 
@@ -171,7 +174,8 @@ def assert_token_exact(traj, reference: list[int]) -> list[int]:
 
 
 @pytest.mark.parametrize(("family", "fmt"), [
-    *((family, fmt) for family in TOOL_FAMILIES for fmt in ("act_line", "tool_call")), ("gemma3", "act_line")])
+    *((family, fmt) for family in TOOL_FAMILIES for fmt in ("act_line", "tool_call")), ("gemma3", "act_line"),
+    ("phi3", "act_line")])
 def test_rollout_ids_are_the_family_templates_rendering(family_model_dir, family, fmt):
     """The episode's ids (prompt + generated + observation deltas) equal the family's template rendering the whole
     conversation; the env read each reply without its reasoning (the expert still wins every episode); GRPO's
@@ -280,7 +284,8 @@ env = {{ max_steps = 2 }}
 """
 
 CALL_TEXT = {"qwen3_thinking": '<tool_call>\n{"name": "act"', "llama3": '{"name": "act", "parameters": {',
-             "lfm2": "<|tool_call_start|>[act(", "qwen3_5": "<tool_call>\n<function=act>\n<parameter=action>\n"}
+             "lfm2": "<|tool_call_start|>[act(", "qwen3_5": "<tool_call>\n<function=act>\n<parameter=action>\n",
+             "granite4": '<tool_call>\n{"name": "act", "arguments": {', "smollm3": '<tool_call>\n{"name": "act"'}
 
 
 def _changed(before: Path, after: Path) -> list[str]:

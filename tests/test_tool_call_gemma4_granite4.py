@@ -1,7 +1,7 @@
 """tool_call:gemma4 and tool_call:granite4 by hand: replies and what they parse to (nested, unicode, empty, quoted,
 several calls, text around, cut off, bad input), Gemma 4's `render` against its chat templates, the round trip.
-Agreement with vLLM's parsers is tests/test_vllm_tool_call_families.py. TRL ships no Granite template, so Granite's
-render has no template test (it is `tool_call`'s, whose text Granite 4.0's template writes)."""
+Agreement with vLLM's parsers is tests/test_vllm_tool_call_families.py. TRL ships no Granite template: Granite's
+render is held against turnforge's rendition of it in tests/test_family_granite4.py."""
 
 from __future__ import annotations
 
@@ -204,7 +204,7 @@ def test_granite4_refuses(text, reason):
 
 def test_granite4_writes_what_its_template_writes():
     """Granite 4.0's template: the content, then per call `\\n<tool_call>\\n{"name": "N", "arguments": tojson}\\n
-    </tool_call>` (no TRL copy to render: the text is written out here)."""
+    </tool_call>` (written out here; the template's own rendering: tests/test_family_granite4.py)."""
     message = calls(("act", {"q": "東京", "n": 1}), ("pwd", {}), content="I look.")
     assert granite4.render(message) == (
         'I look.\n<tool_call>\n{"name": "act", "arguments": {"q": "東京", "n": 1}}\n</tool_call>\n'

@@ -46,7 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from turnforge.envs.base import get_env_spec, load_tasks, make_env, split_size
-from turnforge.formats.chat_template import OWN_TEMPLATES, template_messages, trl_chat_template
+from turnforge.formats.chat_template import (
+    OWN_TEMPLATES,
+    template_messages,
+    template_on_day,
+    tool_arguments,
+    trl_chat_template,
+)
 from turnforge.formats.families import Family, get_family, is_tiny, model_family
 from turnforge.formats.harmony import render_conversation
 from turnforge.policies.scripted import ExpertPolicy
@@ -94,8 +100,9 @@ CORPUS_TASKS = 300
 """Expert episodes per (grammar, format) variant in the tokenizer corpus."""
 CORPUS_FORMATS = ("act_line", "tool_call")
 CORPUS_DATE = "26 Jul 2024"
-"""The day Llama 3's template writes as today's in a tokenizer corpus (its own fallback), so that a tiny:llama3 built
-on any day is the same model; templates without a date ignore it."""
+"""The day Llama 3's template writes as today's in a tokenizer corpus (its own fallback), and the day a template that
+reads the clock writes (SmolLM3's, gpt-oss's: `template_on_day`), so that a tiny model built on any day is the same
+model; templates without a date ignore it."""
 
 
 TinyEnvs = Sequence[tuple[str, dict[str, Any]]]
@@ -186,10 +193,10 @@ def env_corpus(env: str, env_options: dict[str, Any], family: Family | None = No
 
     family = family or get_family("qwen3")
     spec = get_env_spec(env)
-    template = trl_chat_template(family.template)
+    template = template_on_day(trl_chat_template(family.template), CORPUS_DATE)
 
     def head(messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool = True) -> str:
-        text, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template,
+        text, _ = render_jinja_template(conversations=[messages], **tool_arguments(family, tools), chat_template=template,
                                         add_generation_prompt=add_generation_prompt, bos_token=family.bos or "",
                                         date_string=CORPUS_DATE)
         return text[0]
@@ -265,7 +272,8 @@ def train_tokenizer(texts: Iterator[str], family: Family | None = None, vocab_si
     )
     # The added tokens are cut out of the corpus: they are single ids, never BPE pieces.
     bpe.train_from_iterator((piece for text in texts for piece in splitter.split(text) if piece), trainer)
-    bpe.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in family.tokens])
+    bpe.add_tokens([AddedToken(t, special=special, normalized=False, rstrip=t in family.rstrip_tokens)
+                    for t, special in family.tokens])
     named = {"eos_token": family.eos, "pad_token": family.pad} | ({"bos_token": family.bos} if family.bos else {})
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,

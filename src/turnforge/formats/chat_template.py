@@ -11,8 +11,8 @@ generation cut by length gets the end-of-turn token from the delta). A family ma
 tokens (`Family.turn_ends`): GLM-4.5 writes none after a reply, the next role's token ends it (`<|observation|>`
 before tool results, `<|user|>` before a user message); the reply's end is the first of them written after it.
 The delta is found by rendering the conversation before and after the observation and checking that one is a
-prefix of the other; it is tokenized on its own, which is safe because it always starts at a special token
-(`<|im_end|>`, or right after one), and a byte-level BPE never merges across an added token. The rollout's ids then equal
+prefix of the other; it is tokenized on its own, from the reply's end token on (dropped afterwards where the model
+generated it), which is safe because a byte-level BPE never merges across an added token. The rollout's ids then equal
 `apply_chat_template(final messages, tools=..., add_generation_prompt=True)` whenever the generated ids
 are the canonical tokenization of their text (tests/test_token_exact.py), and they are the ids the model
 actually saw in every case.
@@ -34,10 +34,12 @@ its own token-exact (prompt, completion) pair.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -86,12 +88,44 @@ def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage], 
            family: Family | None = None) -> str:
     """The chat template's text for `messages` (Message objects or dicts), as `apply_chat_template` writes it (with
     `template` instead of the tokenizer's own when given; `date_string`: the day a template that writes today's date
-    writes, Llama 3's, instead of the clock's; `family`: the messages as its template is given them,
-    `template_messages`)."""
-    return tokenizer.apply_chat_template(
-        template_messages(messages, family), tools=tools, add_generation_prompt=generation_prompt, tokenize=False,
-        chat_template=template, **({"date_string": date_string} if date_string else {}),
-    )
+    writes, Llama 3's `date_string` or SmolLM3's clock, instead of the clock's (`template_on_day`); `family`: the
+    messages as its template is given them, `template_messages`). The tools go in the variable the template's family
+    reads them from (`tool_arguments`)."""
+    owner = family or detect_family(template or tokenizer.chat_template)
+    day = {"chat_template": template_on_day(template or tokenizer.chat_template, date_string),
+           "date_string": date_string} if date_string else {"chat_template": template}
+    return tokenizer.apply_chat_template(template_messages(messages, family), **tool_arguments(owner, tools),
+                                         add_generation_prompt=generation_prompt, tokenize=False, **day)
+
+
+def tool_arguments(family: Family | None, tools: list[dict] | None) -> dict[str, Any]:
+    """The template variables that give a template of `family` the tools: `tools`, or the variable its templates read
+    them from (`Family.tools_argument`: SmolLM3's `xml_tools`), that one only when there are tools (a template that
+    asks whether it is defined would write an empty tool section).
+
+    >>> tool_arguments(None, [{"type": "function"}])
+    {'tools': [{'type': 'function'}]}
+    """
+    name = family.tools_argument if family is not None else "tools"
+    return {"tools": tools} if name == "tools" else {name: tools} if tools else {}
+
+
+_CLOCK_CALL = re.compile(r"""strftime_now\(\s*(["'])(.*?)\1\s*\)""")
+
+
+@lru_cache(maxsize=32)
+def template_on_day(template: str, date_string: str) -> str:
+    """`template` with the clock it reads (`strftime_now(FORMAT)`: SmolLM3's "Today Date") stopped on the day of
+    `date_string` ("02 Dec 2026"): a macro of that name, defined first, shadows transformers' global and writes the day in
+    each format the template asks for. (A render variable would shadow it too, but `apply_chat_template` turns a
+    callable it is given into a string.) A template that reads no clock is returned as it is."""
+    formats = {match.group(2) for match in _CLOCK_CALL.finditer(template)}
+    if not formats:
+        return template
+    day = time.strptime(date_string, "%d %b %Y")
+    written = json.dumps({fmt: time.strftime(fmt, day) for fmt in sorted(formats)})
+    # The newline after the macro is the one transformers' `trim_blocks` removes, so the template's own start stays.
+    return f"{{% macro strftime_now(format) %}}{{{{ {written}[format] }}}}{{% endmacro %}}\n" + template
 
 
 def template_messages(messages: Sequence[ChatMessage], family: Family | None = None) -> list[dict[str, Any]]:
@@ -225,12 +259,14 @@ class ChatTemplateRenderer:
         """
         _, _, delta = self._split_last_turn(messages, new_messages, tools)
         end = self._end_of(delta)
-        # The template's end is dropped when the model stopped on that very token. A model that stopped on another of
-        # the family's ends (GLM: <|user|> where a tool result follows, which the template opens with <|observation|>)
-        # keeps the id it sampled, which is what it saw, and the delta follows whole.
+        ids = encode(self.tokenizer, delta)
+        # The template's end is dropped when the model stopped on that very token: after tokenizing, so that the text
+        # after it is tokenized as in the whole conversation (Phi-3's <|end|> swallows the newline after it). A model
+        # that stopped on another of the family's ends (GLM: <|user|> where a tool result follows, which the template
+        # opens with <|observation|>) keeps the id it sampled, which is what it saw, and the delta follows whole.
         if end is not None and generated_ids and generated_ids[-1] == self.turn_end_ids[end]:
-            delta = delta[len(end) :]
-        return encode(self.tokenizer, delta)
+            ids = ids[1:]
+        return ids
 
     def completion_ids(self, messages: Sequence[ChatMessage], tools: list[dict] | None,
                        following: Sequence[ChatMessage] = ()) -> list[int]:

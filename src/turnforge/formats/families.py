@@ -89,6 +89,31 @@ DEEPSEEK_R1_TOKENS: tuple[tuple[str, bool], ...] = (
 tokenizer_config.json; the 7B's is taken to be the same, Qwen2.5's vocabulary with its first seven added tokens
 replaced). `<｜User｜>` and `<｜Assistant｜>` are not special there."""
 
+GRANITE4_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|pad|>", True), ("<|end_of_text|>", True), ("<|start_of_role|>", True), ("<|end_of_role|>", True),
+    ("<tool_call>", False), ("</tool_call>", False), ("<tool_response>", False), ("</tool_response>", False),
+    ("<tools>", True), ("</tools>", True),
+)
+"""Granite 4.0's added tokens that its template and tool calls use, in its order (ids 100256-100283 of the Granite 4.0 H
+tokenizer.json; its FIM, plugin, `<think>`, `<schema>` and `<documents>` tokens left out). `<tools>` and `</tools>` are
+special there, the call and response tags not; it has no `<|tool_call|>` (Granite 3's), nor a bos its template writes."""
+
+PHI3_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True), ("<|assistant|>", True), ("<|system|>", True), ("<|end|>", True), ("<|user|>", True),
+)
+"""Phi-3.5-mini's added tokens that its template uses, in its order (microsoft/Phi-3.5-mini-instruct: ids 32000, 32001,
+32006, 32007, 32010; its `<|placeholderN|>` tokens left out), all special; all but `<|endoftext|>` swallow the
+whitespace after them (`Family.rstrip_tokens`)."""
+
+SMOLLM3_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|begin_of_text|>", True), ("<|end_of_text|>", True), ("<think>", False), ("</think>", False),
+    ("<|finetune_right_pad_id|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<tool_call>", False),
+    ("</tool_call>", False),
+)
+"""SmolLM3's added tokens that its template and tool calls use, in its order: Llama 3.2's vocabulary with reserved
+tokens renamed (ids 128000-128004, 128011, 128012, 128015, 128016; `<tool_response>` tags and the rest left out). The
+eos is `<|im_end|>`; pad `<|finetune_right_pad_id|>` (transformers' SmolLM3Config: pad_token_id 128004). Its template
+writes no bos. Ids and special flags were read from third-party copies, not from the Hub's tokenizer.json."""
 
 @dataclass(frozen=True)
 class Family:
@@ -123,6 +148,9 @@ class Family:
     `eos_token`, written after every reply). The renderer takes the first of them written after a reply as its end.
     GLM-4.5 writes none: the next role's token ends it (`<|user|>`, `<|observation|>`, which its generation_config
     stops on); the first is the end SFT gives a reply that nothing follows."""
+    rstrip_tokens: tuple[str, ...] = ()
+    """Its added tokens that swallow the whitespace after them when text is encoded (`AddedToken.rstrip`; Phi-3.5's
+    `<|end|>\\n<|user|>\\n` is two ids), as a tiny tokenizer adds them."""
     reasoning_layout: str = "{open}\n{reasoning}\n{close}\n\n"
     """A reply's reasoning block as the family's models write it before the rest (GLM: `\n<think>R</think>\n`)."""
     keeps_reasoning_before_user: bool = True
@@ -139,6 +167,9 @@ class Family:
     """Its templates write a reply's content as given, and the reasoning's opening only in the generation prompt
     (DeepSeek-R1-distill: `<｜Assistant｜><think>\n`, not written again before the reply in history): the template is
     given each reply with that opening first (`opened_replies`), so a turn renders as the prompt + the reply."""
+    tools_argument: str = "tools"
+    """The template variable the renderer gives the tools in (`chat_template.tool_arguments`). SmolLM3's release
+    template (2025-07) reads them only from `xml_tools`; its current revision reads `tools` too, `xml_tools` still."""
 
     def split_reasoning(self, text: str) -> tuple[str, str]:
         """(reasoning, the rest) of a reply, as vLLM's reasoning parsers split it: after a prompt that closed the
@@ -244,12 +275,40 @@ FAMILIES: dict[str, Family] = {
             reasoning=("<think>", "</think>"), training_template="deepseek_r1_distill_training.jinja",
             verbatim_replies=True,
         ),
+        # TRL ships no Granite template: turnforge's rendition renders like IBM's granite-4.0-micro / -h-micro / -h-tiny
+        # template (system text + its <tools> section, a fallback system prompt without either, a run of tool results
+        # as one user turn of <tool_response> blocks; no date) and leaves out its documents (RAG), `available_tools`
+        # and content given as parts.
+        Family(
+            "granite4", "turnforge/granite4.jinja", ("<|start_of_role|>", "<tool_response>"), "tool_call:granite4",
+            GRANITE4_TOKENS, "<|end_of_text|>", "<|pad|>",
+        ),
+        # Phi-3.5-mini's template (Phi-3's and Phi-4-mini's read the same) writes `<|end|>` after every message, the eos
+        # (`<|endoftext|>`) only after a conversation rendered without a generation prompt, and no `tools=`; the models
+        # stop on `<|end|>`.
+        Family(
+            "phi3", "phi3_5.jinja", ("<|assistant|>", "<|end|>"), None, PHI3_TOKENS, "<|endoftext|>", "<|endoftext|>",
+            turn_ends=("<|end|>",), rstrip_tokens=("<|assistant|>", "<|system|>", "<|end|>", "<|user|>"),
+        ),
+        # TRL ships no SmolLM3 template: turnforge's rendition renders like HuggingFaceTB/SmolLM3-3B's (revision
+        # a169fa4: a metadata system header with today's date and the reasoning mode, a default persona per mode, the
+        # /think, /no_think and /system_override flags of a system message, tools from `tools` or `xml_tools`, replies
+        # as their text, tool results as user turns, the system turn closed only after tools) and leaves out
+        # `python_tools` and content given as parts. The no-think block it writes, `<think>\n\n</think>\n`, is the
+        # reasoning layout.
+        Family(
+            "smollm3", "turnforge/smollm3.jinja", ("<|im_start|>", "Reasoning Mode: "), "tool_call", SMOLLM3_TOKENS,
+            "<|im_end|>", "<|finetune_right_pad_id|>", reasoning=("<think>", "</think>"),
+            reasoning_layout="{open}\n{reasoning}\n{close}\n", tools_argument="xml_tools",
+        ),
     )
 }
 """The families a model is read as (`tiny:NAME` builds one of each)."""
 
-_DETECT_ORDER = ("gptoss", "glm4", "qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma4", "gemma3", "deepseek_r1")
-"""The order templates are matched in, most specific first (qwen3_5's and qwen3_thinking's markers include qwen3's)."""
+_DETECT_ORDER = ("gptoss", "glm4", "smollm3", "qwen3_5", "qwen3_thinking", "qwen3", "llama3", "lfm2", "gemma4", "gemma3",
+                "deepseek_r1", "granite4", "phi3")
+"""The order templates are matched in, most specific first (qwen3_5's and qwen3_thinking's markers include qwen3's;
+SmolLM3's template holds qwen3_thinking's)."""
 
 
 def list_families() -> list[str]:

@@ -7,8 +7,8 @@
 
 Granite 4.0's chat template writes an assistant message as its content, then per call `\\n<tool_call>\\n{"name": "...",
 "arguments": ...}\\n</tool_call>` (arguments by `tojson`): Qwen3's text exactly, so `render` is `tool_call`'s. TRL
-ships no Granite template, so no test renders it; the text is from the template IBM published (the llama.cpp copy
-`models/templates/ibm-granite-granite-4.0.jinja`).
+ships no Granite template; the `granite4` family's is turnforge's rendition of IBM's (formats/templates/granite4.jinja),
+whose rendering of a reply's `tool_calls` tests/test_family_granite4.py holds equal to `render`.
 
 `parse` reads what vLLM's `Granite4ToolParser` reads (`vllm serve --tool-call-parser granite4`; held against it reply
 by reply in benchmarks/tool_call_parsers.py), which is stricter than Hermes's: every `<tool_call>` must be closed by
