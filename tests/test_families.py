@@ -333,6 +333,33 @@ def assert_serves(served, body: dict) -> dict:
     return answer["choices"][0]["message"]
 
 
+def assert_continues_from_written_ids(served, history_end: str | None = None) -> None:
+    """A request that continues a reply `served` made starts from the ids the model wrote (here one id per character
+    of the reply as the template renders it, and the end token it stopped on), then the whole text's tokenization from
+    the template's end of the reply on (`ReplyMemory`): where the family writes another end in history than the one
+    its model stops on (GLM-4.5's next role, gpt-oss's <|end|>) and where an end token swallows the newline after it
+    (Phi-3's). `history_end`: the token the template ends a reply with in history, where it is none of the ends the
+    model stops on (gpt-oss's <|end|>)."""
+    from turnforge.formats.chat_template import encode, render
+    from turnforge.policies.serve import ChatRequest, _prompt_ids, _remember
+
+    tok = served.tokenizer
+    first = [{"role": "user", "content": "find the apple"}]
+    reply = {"role": "assistant", "content": "go to desk 1"}
+    head = render(tok, first, None, True)
+    after = render(tok, [*first, reply, {"role": "user", "content": "You arrive at desk 1."}], None, True)
+    end = min(at for end in ([history_end] if history_end else served.turn_ends) if (at := after.find(end, len(head))) >= 0)
+    written = [i for ch in after[len(head):end] for i in encode(tok, ch)]
+    assert written != encode(tok, after[len(head):end])  # not what re-tokenizing the text gives
+    stopped_on = tok.convert_tokens_to_ids(served.turn_ends[0])
+    prompt = encode(tok, head)
+    _remember(served, ChatRequest(model=served.name, messages=first), first, reply, prompt, [*written, stopped_on])
+    ids = _prompt_ids(served, served.name, after)
+    assert ids[: len(prompt) + len(written)] == prompt + written
+    rest = ids[len(prompt) + len(written):]
+    assert rest == encode(tok, after)[-len(rest):] and tok.decode(rest[:1]) == after[end:].split(">")[0] + ">"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_collects_trains_and_evaluates_in_its_own_format(family, tmp_path):
     """`model = "tiny:FAMILY"` with `format = "tool_call"`: the expert demonstrates in the family's tool-call format,
@@ -364,3 +391,5 @@ def test_serve_answers_tool_calls_and_reasoning_in_the_models_family_format(fami
         assert served.tool_format.name == (get_family(family).tool_format or "tool_call")
         assert_serves(served, {"model": family, "messages": [{"role": "user", "content": "look around"}],
                                "tools": tools, "max_tokens": 8, "temperature": 0})
+        if get_family(family).reasoning is None:  # a thinking template renders a last reply otherwise than in history
+            assert_continues_from_written_ids(served)

@@ -9,7 +9,13 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from test_families import RECIPE, assert_serves, assert_token_exact, run_family_recipe
+from test_families import (
+    RECIPE,
+    assert_continues_from_written_ids,
+    assert_serves,
+    assert_token_exact,
+    run_family_recipe,
+)
 from turnforge.envs.base import load_tasks, make_env, with_family_format
 from turnforge.formats.chat_template import ChatTemplateRenderer, template_name, trl_chat_template
 from turnforge.formats.families import detect_family, get_family
@@ -169,3 +175,4 @@ def test_serve_answers_glms_tool_calls_and_reasoning(glm4_dir):
     assert served.family.name == "glm4" and served.tool_format.name == "tool_call:glm4"
     assert_serves(served, {"model": "glm4", "messages": [{"role": "user", "content": "look around"}], "tools": tools,
                            "max_tokens": 8, "temperature": 0})
+    assert_continues_from_written_ids(served)  # its history writes the reply with an empty think block

@@ -8,7 +8,12 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from test_families import assert_serves, assert_token_exact, run_family_recipe
+from test_families import (
+    assert_continues_from_written_ids,
+    assert_serves,
+    assert_token_exact,
+    run_family_recipe,
+)
 from turnforge.envs.base import load_tasks, make_env, with_family_format
 from turnforge.formats import get_format
 from turnforge.formats.base import FormatError
@@ -234,3 +239,4 @@ def test_serve_answers_gpt_oss_calls_and_reasoning(gptoss_dir):
         "type": "object", "properties": {"action": {"type": "string"}}}}}]  # gpt-oss's template needs a description
     assert_serves(served, {"model": "gptoss", "messages": [{"role": "user", "content": "look around"}], "tools": tools,
                            "max_tokens": 8, "temperature": 0})
+    assert_continues_from_written_ids(served, history_end="<|end|>")  # where the model stopped on <|return|>

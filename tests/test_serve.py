@@ -64,7 +64,7 @@ def test_models_and_a_completion_with_ids_logprobs_and_usage(client, served):
     prompt = served.tokenizer.apply_chat_template([{"role": "user", "content": "go to fridge 1"}],
                                                   add_generation_prompt=True, tokenize=True, return_dict=False)
     assert reply.model_extra["prompt_token_ids"] == prompt and reply.usage.prompt_tokens == len(prompt)
-    assert served.tokenizer.decode([i for i in ids if i != served.eos_id]) == choice.message.content
+    assert served.tokenizer.decode([i for i in ids if i != served.tokenizer.eos_token_id]) == choice.message.content
     two = _ask(client, n=2, temperature=1.0, seed=3)
     assert len(two.choices) == 2 and two.usage.prompt_tokens == len(prompt)
 
@@ -260,11 +260,11 @@ def test_a_continued_conversation_starts_from_the_ids_the_model_wrote(served):
     tok = served.tokenizer
     first = [{"role": "user", "content": "find the apple"}]
     prompt = encode(tok, render(tok, first, None, True))
-    written = [i for ch in "go to desk 1" for i in encode(tok, ch)] + [served.eos_id]  # one id per character
+    written = [i for ch in "go to desk 1" for i in encode(tok, ch)] + [served.tokenizer.eos_token_id]  # one id per character
     assert written[:-1] != encode(tok, "go to desk 1")  # not what re-tokenizing the text gives
     reply = {"role": "assistant", "content": "go to desk 1"}
     request = ChatRequest(model="tiny", messages=first)
-    _remember(served, request, first, reply, prompt + written)
+    _remember(served, request, first, reply, prompt, written)
     after = [*first, reply, {"role": "user", "content": "You arrive at desk 1."}]
     ids = _prompt_ids(served, "tiny", render(tok, after, None, True))
     assert ids[: len(prompt) + len(written)] == prompt + written

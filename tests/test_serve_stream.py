@@ -321,7 +321,7 @@ def test_a_generation_that_fails_is_an_error_event_in_a_stream_that_began(client
 def test_a_tool_call_reply_streams_to_the_openai_client_as_tool_calls(client, served, monkeypatch):
     """The served model's reply is a `<tool_call>` block (a scripted generation: the tiny model writes none)."""
     text = '<tool_call>\n{"name": "act", "arguments": {"action": "look"}}\n</tool_call>'
-    ids = [*served.tokenizer.encode(text), served.eos_id]
+    ids = [*served.tokenizer.encode(text), served.tokenizer.eos_token_id]
     monkeypatch.setattr(served.hf, "generate", lambda prompts, _params, on_token=None: [
         Generation(text=text, ids=ids, logprobs=[-0.5] * len(ids)) for _ in prompts])
     tools = [{"type": "function", "function": {"name": "act", "parameters": {"type": "object", "properties": {

@@ -27,8 +27,8 @@ on as they come (with LoRA adapters, one adapter's group at a time).
 Token-exact conversations (docs/decisions.md, "turnforge serve"): a client sends back text, and re-tokenizing a
 reply need not give the ids the model wrote. The server keeps, for each reply it made, the rendered
 conversation up to the end of that reply and the ids the model actually saw and wrote (`ReplyMemory`); a
-request that continues one starts from those ids and tokenizes only the new part, which always begins right
-after the end-of-turn token. So an episode over HTTP sees the same ids as one run in-process, and the hf
+request that continues one starts from those ids and tokenizes only the new part, which always begins at the token
+the template ends the reply with. So an episode over HTTP sees the same ids as one run in-process, and the hf
 engine's shared KV blocks cover the conversation so far (blocks are shared by content).
 
 LoRA adapters are chosen by the request's `model`: `--adapter NAME=PATH` serves the adapter as model NAME;
@@ -59,7 +59,7 @@ from starlette.exceptions import HTTPException
 
 from turnforge.formats import Format, get_format
 from turnforge.formats.base import bind_tools
-from turnforge.formats.chat_template import encode, reading_family, render
+from turnforge.formats.chat_template import encode, reading_family, render, turn_ends
 from turnforge.formats.families import Family
 from turnforge.policies.base import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -225,8 +225,10 @@ class ServedModel:
         """How the model writes tool calls (its family's format; Qwen3 / Hermes for a template of no known family)."""
         self.max_context = self.hf.max_context
         self.max_tokens_default = max_tokens_default
-        self.memory = ReplyMemory(self.tokenizer.eos_token)
-        self.eos_id = self.tokenizer.eos_token_id
+        self.memory = ReplyMemory(self.tokenizer.get_added_vocab())
+        self.turn_ends = turn_ends(self.tokenizer, self.family)
+        """The tokens the template writes after a reply (`Family.turn_ends`; most families: the eos)."""
+        self.end_ids = set(self.tokenizer.convert_tokens_to_ids([*self.turn_ends, self.tokenizer.eos_token]))
         self.model_lock = threading.Lock()
         """Held while the model runs: generation (the batching queue's thread) and scoring (/v1/completions) take
         turns, so that neither sees the other's adapter."""
@@ -426,7 +428,7 @@ async def _answer(served: ServedModel, state: dict[str, Any], request: ChatReque
     for index, gen in enumerate(gens):
         message, finish = _reply(gen, job.params.stop, tools, request.include_stop_str_in_output, served.family,
                                  tool_format)
-        _remember(served, request, job.messages, message, job.ids + gen.ids)
+        _remember(served, request, job.messages, message, job.ids, gen.ids)
         choices.append(Choice(index, message, finish, gen))
     return choices
 
@@ -527,23 +529,27 @@ def _prompt_ids(served: ServedModel, model: str, text: str) -> list[int]:
     if hit is None:
         return encode(served.tokenizer, text)
     cut, ids = hit
-    # The rest starts right after the end-of-turn token: a byte-level BPE never merges across an added token.
+    # The rest starts at an added token (the template's end of the reply): a BPE never merges across one.
     return list(ids) + encode(served.tokenizer, text[cut:])
 
 
 def _remember(served: ServedModel, request: ChatRequest, messages: list[dict[str, Any]], reply: dict[str, Any],
-              ids: list[int]) -> None:
-    """Remember the ids behind this reply, keyed by how the template renders the reply as the client will send it."""
-    if not ids or ids[-1] != served.eos_id:
-        ids = ids + [served.eos_id]  # a reply cut short: the template closes the turn with the end-of-turn token
+              prompt_ids: list[int], reply_ids: list[int]) -> None:
+    """Remember the ids behind this reply, keyed by how the template renders the conversation up to the reply's end
+    as the client will send it: before the first of the family's end tokens written after the prompt, or the whole
+    text where the template writes none after a last reply (GLM-4.5). The reply's own end token is left out: the
+    template's follows it in the next request (gpt-oss writes `<|end|>` where its model stopped on `<|return|>`)."""
     try:
+        prompt = render(served.tokenizer, messages, request.tools, True)
         text = render(served.tokenizer, [*messages, _chat_message(reply)], request.tools, False)
     except Exception:
         return
-    end = text.rfind(served.memory.eos_text)
-    if end < 0:
+    if not text.startswith(prompt):  # the template writes the prompt otherwise before a reply: the ids would not match
         return
-    served.memory.store(request.model, text[: end + len(served.memory.eos_text)], ids)
+    ends = [at for end in served.turn_ends if (at := text.find(end, len(prompt))) >= 0]
+    if reply_ids and reply_ids[-1] in served.end_ids:
+        reply_ids = reply_ids[:-1]
+    served.memory.store(request.model, text[: min(ends, default=len(text))], prompt_ids + reply_ids)
 
 
 def _reply(gen: Generation, stop: list[str], tools: bool, keep_stop: bool, family: Family | None,
