@@ -66,6 +66,7 @@ def test_same_transcripts_admissible_sets_and_success(exported):
         assert native.score().success and real.score().success, task.id
 
 
+@pytest.mark.slow  # ~18 s: the expert's plan lengths, not a verdict (the verdicts: the test above)
 def test_native_expert_plans_are_no_longer_than_alfworld_planner(exported):
     """ALFWorld's own PDDL planner (Fast Downward, `policy_commands`) on the same games."""
     tasks, games = exported

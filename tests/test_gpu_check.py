@@ -76,6 +76,7 @@ def test_a_row_cut_short_by_a_kill_reads_as_its_part_ended(tmp_path, benchmarks_
     assert len(rows) == len(planned_rows(BATCHES))
 
 
+@pytest.mark.slow  # ~42 s: every row of the GPU check on the CPU; make test-all, and before a GPU session
 @needs_retail
 def test_rehearsal_writes_every_row_and_none_failed(tmp_path, benchmarks_on_path):
     from gpu_check import planned_rows

@@ -195,6 +195,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # ~14 s: two engines in child processes, for their log lines only
 def test_without_verbose_vllms_engine_processes_are_quiet(tmp_path):
     """Issue 60: `turnforge eval --policy vllm` printed vLLM's INFO and WARNING lines and its engine-config dump,
     though `--help` says library logs show only with `--verbose`. vLLM's engine runs in spawned processes: what the
@@ -212,7 +213,8 @@ def test_without_verbose_vllms_engine_processes_are_quiet(tmp_path):
     assert not any(x in quiet for x in ("INFO-LINE", "WARNING-LINE", "DEPRECATED-LINE")), quiet
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3_thinking", "gptoss"])
+# qwen3_thinking (~28 s) only in make test-all: its template is Qwen3's, which the other vLLM tests play
+@pytest.mark.parametrize("family", ["llama3", pytest.param("qwen3_thinking", marks=pytest.mark.slow), "gptoss"])
 def test_a_model_family_plays_on_vllm_as_on_hf(tmp_path, family):
     """Issue 63: a tiny model of another family (Llama 3's template, <|eot_id|> ending its turns; Qwen3's thinking
     template, rendered with TRL's training variant; gpt-oss's harmony, a reply ending on <|call|> or <|return|>) plays
