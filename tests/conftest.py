@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,11 +20,39 @@ def one_cpu_thread_count_per_test():
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen3 (random weights, household tokenizer, Qwen3-4B-Instruct-2507 chat template); do not modify."""
-    from turnforge.tiny_model import build_tiny_model
+def build_tiny(tmp_path_factory: pytest.TempPathFactory):
+    """`build_tiny_model` that builds each tiny model (envs, size, seed, family) once per session and copies it where it
+    is asked for: dozens of in-process runs and fixtures each built theirs (3.5-9 s apiece on 2 cores), and a build is
+    deterministic (test_tiny_model.py builds twice and compares)."""
+    import turnforge.tiny_model as tiny
 
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+    original, cache, built = tiny.build_tiny_model, tmp_path_factory.mktemp("tiny-builds"), {}
+
+    def build_once(out_dir, envs=tiny.HOUSEHOLD, size="tiny", seed=0, family="qwen3") -> Path:
+        key = json.dumps([[list(pair) for pair in envs], size, seed, family], sort_keys=True, default=str)
+        if key not in built:
+            built[key] = original(cache / str(len(built)), envs, size, seed, family)
+        out_dir = Path(out_dir)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        shutil.copytree(built[key], out_dir)
+        return out_dir
+
+    return build_once
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_models_built_once(build_tiny):
+    """Recipes, evals and servers resolve `tiny[:FAMILY]` (`resolve_model`) through `build_tiny`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("turnforge.tiny_model.build_tiny_model", build_tiny)
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(build_tiny, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3 (random weights, household tokenizer, Qwen3-4B-Instruct-2507 chat template); do not modify."""
+    return build_tiny(tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture(scope="session")

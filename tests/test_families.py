@@ -27,7 +27,6 @@ from turnforge.pipeline import run_recipe
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
-from turnforge.tiny_model import build_tiny_model
 from turnforge.train.grpo_rollouts import episode_sequence
 from turnforge.types import Message, StopReason
 
@@ -38,12 +37,12 @@ templates render no tools, so they play text formats only."""
 
 
 @pytest.fixture(scope="session")
-def family_model_dir(tmp_path_factory):
+def family_model_dir(build_tiny, tmp_path_factory):
     built: dict[str, Path] = {}
 
     def build(family: str) -> Path:
         if family not in built:
-            built[family] = build_tiny_model(tmp_path_factory.mktemp("families") / f"tiny-{family}", family=family)
+            built[family] = build_tiny(tmp_path_factory.mktemp("families") / f"tiny-{family}", family=family)
         return built[family]
 
     return build

@@ -21,7 +21,6 @@ from turnforge.formats.chat_template import (
 from turnforge.formats.families import detect_family, get_family, visible_reply
 from turnforge.policies.base import Generation
 from turnforge.rollout import run_episodes
-from turnforge.tiny_model import build_tiny_model
 from turnforge.types import Message, StopReason
 
 PROMPT_END = "<｜Assistant｜><think>\n"
@@ -29,8 +28,8 @@ PROMPT_END = "<｜Assistant｜><think>\n"
 
 
 @pytest.fixture(scope="module")
-def r1_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("r1") / "tiny-deepseek_r1", family="deepseek_r1")
+def r1_dir(build_tiny, tmp_path_factory):
+    return build_tiny(tmp_path_factory.mktemp("r1") / "tiny-deepseek_r1", family="deepseek_r1")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ from turnforge.formats.families import detect_family, get_family
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
-from turnforge.tiny_model import build_tiny_model
 from turnforge.types import Message, StopReason
 
 GEMMA4_TEMPLATES = ["gemma4.jinja", "gemma4_v2.jinja", "gemma4_v3.jinja", "gemma4_v4.jinja", "gemma4_v5.jinja"]
@@ -31,8 +30,8 @@ CALL = '<|tool_call>call:act{action:<|"|>look<|"|>}<tool_call|>'
 
 
 @pytest.fixture(scope="module")
-def gemma4_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("gemma4") / "tiny-gemma4", family="gemma4")
+def gemma4_dir(build_tiny, tmp_path_factory):
+    return build_tiny(tmp_path_factory.mktemp("gemma4") / "tiny-gemma4", family="gemma4")
 
 
 @pytest.fixture

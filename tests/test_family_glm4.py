@@ -22,15 +22,14 @@ from turnforge.formats.families import detect_family, get_family
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
-from turnforge.tiny_model import build_tiny_model
 from turnforge.types import Message, StopReason
 
 CALL = "<tool_call>act\n<arg_key>action</arg_key>\n<arg_value>look</arg_value>\n</tool_call>"
 
 
 @pytest.fixture(scope="module")
-def glm4_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("glm4") / "tiny-glm4", family="glm4")
+def glm4_dir(build_tiny, tmp_path_factory):
+    return build_tiny(tmp_path_factory.mktemp("glm4") / "tiny-glm4", family="glm4")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,6 @@ from turnforge.formats.harmony import (
 from turnforge.policies.base import Generation, Prompt, SamplingParams
 from turnforge.policies.scripted import ExpertPolicy
 from turnforge.rollout import run_episodes
-from turnforge.tiny_model import build_tiny_model
 from turnforge.types import Message, StopReason, ToolCall
 
 CALL = '<|channel|>commentary to=functions.act <|constrain|>json<|message|>{"action": "look"}'
@@ -37,8 +36,8 @@ THINK = "<|channel|>analysis<|message|>The desk first.<|end|><|start|>assistant"
 
 
 @pytest.fixture(scope="module")
-def gptoss_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("gptoss") / "tiny-gptoss", family="gptoss")
+def gptoss_dir(build_tiny, tmp_path_factory):
+    return build_tiny(tmp_path_factory.mktemp("gptoss") / "tiny-gptoss", family="gptoss")
 
 
 # ---- reading a reply ------------------------------------------------------------------------------------------

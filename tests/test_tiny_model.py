@@ -96,6 +96,16 @@ def test_sizes():
         build_tiny_model("unused", size="huge")
 
 
+def test_a_build_is_deterministic(tiny_model_dir, tmp_path):
+    """Two builds with the same arguments are the same model, file for file (what lets the suite build each tiny
+    model once, conftest's `build_tiny`, and a tiny model built on any day equal the one measured)."""
+    again = build_tiny_model(tmp_path / "tiny")
+    files = sorted(p.name for p in tiny_model_dir.iterdir())
+    assert files == sorted(p.name for p in again.iterdir())
+    for name in files:
+        assert (tiny_model_dir / name).read_bytes() == (again / name).read_bytes(), name
+
+
 def test_resolve_model_builds_tiny_once(tmp_path, monkeypatch):
     built = []
 
