@@ -340,7 +340,7 @@ def assert_continues_from_written_ids(served, history_end: str | None = None) ->
     (Phi-3's). `history_end`: the token the template ends a reply with in history, where it is none of the ends the
     model stops on (gpt-oss's <|end|>)."""
     from turnforge.formats.chat_template import encode, render
-    from turnforge.policies.serve import ChatRequest, _prompt_ids, _remember
+    from turnforge.policies.serve import ChatRequest, _prepare, _prompt_ids, _remember
 
     tok = served.tokenizer
     first = [{"role": "user", "content": "find the apple"}]
@@ -352,7 +352,10 @@ def assert_continues_from_written_ids(served, history_end: str | None = None) ->
     assert written != encode(tok, after[len(head):end])  # not what re-tokenizing the text gives
     stopped_on = tok.convert_tokens_to_ids(served.turn_ends[0])
     prompt = encode(tok, head)
-    _remember(served, ChatRequest(model=served.name, messages=first), first, reply, prompt, [*written, stopped_on])
+    request = ChatRequest(model=served.name, messages=first)
+    job = _prepare(served, request)
+    assert job.ids == prompt
+    _remember(served, request, job, reply, [*written, stopped_on])
     ids = _prompt_ids(served, served.name, after)
     assert ids[: len(prompt) + len(written)] == prompt + written
     rest = ids[len(prompt) + len(written):]

@@ -255,7 +255,7 @@ def test_summary_records_usage_and_the_model_must_be_named_when_there_are_severa
 def test_a_continued_conversation_starts_from_the_ids_the_model_wrote(served):
     """Re-tokenizing a reply's text need not give the ids the model wrote; the server continues from the latter."""
     from turnforge.formats.chat_template import encode, render
-    from turnforge.policies.serve import ChatRequest, _prompt_ids, _remember
+    from turnforge.policies.serve import ChatRequest, _prepare, _prompt_ids, _remember
 
     tok = served.tokenizer
     first = [{"role": "user", "content": "find the apple"}]
@@ -264,7 +264,9 @@ def test_a_continued_conversation_starts_from_the_ids_the_model_wrote(served):
     assert written[:-1] != encode(tok, "go to desk 1")  # not what re-tokenizing the text gives
     reply = {"role": "assistant", "content": "go to desk 1"}
     request = ChatRequest(model="tiny", messages=first)
-    _remember(served, request, first, reply, prompt, written)
+    job = _prepare(served, request)
+    assert job.ids == prompt
+    _remember(served, request, job, reply, written)
     after = [*first, reply, {"role": "user", "content": "You arrive at desk 1."}]
     ids = _prompt_ids(served, "tiny", render(tok, after, None, True))
     assert ids[: len(prompt) + len(written)] == prompt + written

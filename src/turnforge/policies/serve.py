@@ -354,10 +354,11 @@ def _field_refusal(error: dict[str, Any], loc: tuple) -> APIError:
 
 @dataclass
 class _Job:
-    """A request checked and ready for the model: its messages as the template reads them, prompt ids, sampling
-    settings and adapter."""
+    """A request checked and ready for the model: its messages as the template reads them, the prompt's text and ids,
+    sampling settings and adapter."""
 
     messages: list[dict[str, Any]]
+    prompt: str
     ids: list[int]
     params: SamplingParams
     adapter: str | None
@@ -386,7 +387,7 @@ def _prepare(served: ServedModel, request: ChatRequest) -> _Job:
     if refusal is not None:  # as vLLM's server; the openai policy turns it back into the in-process refusal
         raise APIError(400, refusal, "messages", CONTEXT_LENGTH_EXCEEDED)
     params = _sampling(request, max_new)
-    return _Job(messages, ids, params, adapter)
+    return _Job(messages, text, ids, params, adapter)
 
 
 OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
@@ -428,7 +429,7 @@ async def _answer(served: ServedModel, state: dict[str, Any], request: ChatReque
     for index, gen in enumerate(gens):
         message, finish = _reply(gen, job.params.stop, tools, request.include_stop_str_in_output, served.family,
                                  tool_format)
-        _remember(served, request, job.messages, message, job.ids, gen.ids)
+        _remember(served, request, job, message, gen.ids)
         choices.append(Choice(index, message, finish, gen))
     return choices
 
@@ -533,23 +534,21 @@ def _prompt_ids(served: ServedModel, model: str, text: str) -> list[int]:
     return list(ids) + encode(served.tokenizer, text[cut:])
 
 
-def _remember(served: ServedModel, request: ChatRequest, messages: list[dict[str, Any]], reply: dict[str, Any],
-              prompt_ids: list[int], reply_ids: list[int]) -> None:
+def _remember(served: ServedModel, request: ChatRequest, job: _Job, reply: dict[str, Any], reply_ids: list[int]) -> None:
     """Remember the ids behind this reply, keyed by how the template renders the conversation up to the reply's end
     as the client will send it: before the first of the family's end tokens written after the prompt, or the whole
     text where the template writes none after a last reply (GLM-4.5). The reply's own end token is left out: the
     template's follows it in the next request (gpt-oss writes `<|end|>` where its model stopped on `<|return|>`)."""
     try:
-        prompt = render(served.tokenizer, messages, request.tools, True)
-        text = render(served.tokenizer, [*messages, _chat_message(reply)], request.tools, False)
+        text = render(served.tokenizer, [*job.messages, _chat_message(reply)], request.tools, False)
     except Exception:
         return
-    if not text.startswith(prompt):  # the template writes the prompt otherwise before a reply: the ids would not match
+    if not text.startswith(job.prompt):  # the template writes the prompt otherwise before a reply: the ids would not match
         return
-    ends = [at for end in served.turn_ends if (at := text.find(end, len(prompt))) >= 0]
+    ends = [at for end in served.turn_ends if (at := text.find(end, len(job.prompt))) >= 0]
     if reply_ids and reply_ids[-1] in served.end_ids:
         reply_ids = reply_ids[:-1]
-    served.memory.store(request.model, text[: min(ends, default=len(text))], prompt_ids + reply_ids)
+    served.memory.store(request.model, text[: min(ends, default=len(text))], job.ids + reply_ids)
 
 
 def _reply(gen: Generation, stop: list[str], tools: bool, keep_stop: bool, family: Family | None,
